@@ -1,0 +1,32 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="megatron_apriel",
+    version="0.1.0",
+    description="Megatron-Core RL post-training backend reproducing the Apriel-1.5-OpenReasoner recipe",
+    python_requires=">=3.10",
+    packages=find_packages(include=["megatron_apriel", "megatron_apriel.*"]),
+    package_data={"megatron_apriel": ["conf/*.yaml", "conf/**/*.yaml"]},
+    install_requires=[
+        # torch is installed first, explicitly (see README): a bare "torch" here would let pip
+        # pull a CUDA build on a CPU machine.
+        "torch>=2.4",
+        # 0.16.1 is the newest release for Python 3.11 (CI); clusters on 3.12 run 0.19.x.
+        "megatron-core>=0.16.1,<0.20",
+        "hydra-core>=1.3,<1.4",
+        "numpy",
+        "safetensors>=0.4",
+        "transformers>=4.45",
+        "tensorboard",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        "gpu": ["transformer-engine[pytorch]", "apex", "vllm"],
+    },
+    entry_points={
+        "console_scripts": [
+            "apriel-train=megatron_apriel.entrypoints.train:main",
+        ],
+    },
+)
