@@ -1,0 +1,99 @@
+"""Every upstream monkey-patch of megatron_apriel lives here, and only here.
+
+Megatron-Core assumes CUDA. On a CPU-only machine (the test path: gloo, float32, local layer
+spec) ``apply_cpu_patches()`` redirects each CUDA assumption to the CPU. It is applied only when
+CUDA is absent and only for the Megatron-Core versions it was checked against; any other version
+fails loudly instead of running half-patched.
+
+What is redirected (see ../shared/CPU_NOTES.md, section A0):
+1. device arguments that name CUDA (``device="cuda"``, ``device=torch.cuda.current_device()``)
+   and ``Tensor.cuda()`` / ``Module.cuda()``: a ``TorchFunctionMode`` maps them to the CPU;
+2. ``Tensor.type()`` answers the CUDA type names the optimizer checks for
+   (``'torch.cuda.FloatTensor'`` ...);
+3. the CUDA RNG calls used by Megatron's RNG tracker act on the CPU generator;
+4. ``torch.cuda.current_device`` / ``synchronize`` / ``current_stream`` stop raising.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# Versions whose CUDA assumptions were audited for the CPU path (the list in the module docstring).
+SUPPORTED_MCORE_PREFIXES = ("0.16.", "0.17.", "0.18.", "0.19.")
+
+_APPLIED = threading.Event()  # set once: the patches are process-wide by nature
+
+
+def mcore_version() -> str:
+    from megatron.core.package_info import __version__
+
+    return __version__
+
+
+def check_mcore_version() -> str:
+    """Return the installed megatron-core version, or fail naming the supported range."""
+    version = mcore_version()
+    if not version.startswith(SUPPORTED_MCORE_PREFIXES):
+        raise RuntimeError(
+            f"megatron-core {version} is not supported by megatron_apriel (supported: "
+            f"{', '.join(p + 'x' for p in SUPPORTED_MCORE_PREFIXES)}). Install a supported version, "
+            "e.g. `pip install 'megatron-core>=0.16.1,<0.20'`."
+        )
+    return version
+
+
+def _is_cuda_device(device) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # torch.cuda.current_device() returns an int index
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Rewrites CUDA device arguments to CPU for every torch call made inside the mode."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        if func in (torch.Tensor.to,) and args and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _patch_cuda_runtime() -> None:
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.manual_seed = torch.manual_seed
+    mcore_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mcore_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
+def apply_cpu_patches() -> None:
+    """Make Megatron-Core run on the CPU. A no-op when CUDA is available or already applied."""
+    if torch.cuda.is_available() or _APPLIED.is_set():
+        return
+    check_mcore_version()
+    _patch_cuda_runtime()
+    mode = CudaToCpuMode()
+    mode.__enter__()  # process-wide for the life of the process: the CPU path has no CUDA at all
+    _APPLIED.set()

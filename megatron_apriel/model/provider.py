@@ -1,0 +1,174 @@
+"""Build Megatron-Core's ``GPTModel`` for one pipeline stage from a ``ModelConfig``.
+
+GPU (CUDA + Transformer Engine): TE layer spec, bf16, optional FP8. CPU: the local spec in fp32.
+Asking for something the machine cannot do (FP8 without TE/CUDA, TE without TE) is an error,
+never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.parallel.groups import ParallelContext
+
+FP8_FORMATS = ("hybrid", "e4m3")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build and with which kernels."""
+
+    hf_path: Optional[str] = None
+    """Hugging Face model directory whose config.json defines the architecture. Null: use ``arch``."""
+    arch: ModelArch = field(default_factory=ModelArch)
+    """Inline architecture, used when hf_path is null (the tiny CPU preset)."""
+    transformer_impl: str = "auto"
+    """auto (transformer_engine with CUDA and TE installed, local otherwise), local or transformer_engine."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU), fp32 or bf16."""
+    fp8: Optional[str] = None
+    """null, hybrid or e4m3: FP8 GEMMs through Transformer Engine (GPU only)."""
+    fp8_recipe: str = "delayed"
+    """delayed, tensorwise, blockwise or mxfp8 (TE scaling recipe; mxfp8 needs Blackwell)."""
+    make_vocab_size_divisible_by: int = 128
+    """The embedding is padded to a multiple of this times tp; padded logits are masked in the loss."""
+    recompute: Optional[str] = None
+    """Activation recomputation: null, selective or full (full recomputes every layer)."""
+    init_std: float = 0.02
+    """Std of the random init (weights are normally loaded from a checkpoint)."""
+
+    def __post_init__(self) -> None:
+        if self.transformer_impl not in ("auto", "local", "transformer_engine"):
+            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, got {self.transformer_impl!r}.")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"model.precision must be auto, fp32 or bf16, got {self.precision!r}.")
+        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"model.fp8 must be null or one of {FP8_FORMATS}, got {self.fp8!r}.")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
+        if self.recompute not in (None, "selective", "full"):
+            raise ValueError(f"model.recompute must be null, selective or full, got {self.recompute!r}.")
+
+    def resolve_arch(self) -> ModelArch:
+        return ModelArch.from_hf_dir(self.hf_path) if self.hf_path else self.arch
+
+
+def te_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def resolve_impl(cfg: ModelConfig) -> str:
+    """The layer implementation this machine will run, or a ValueError saying why not."""
+    has_te = te_available() and torch.cuda.is_available()
+    impl = cfg.transformer_impl
+    if impl == "auto":
+        impl = "transformer_engine" if has_te else "local"
+    if impl == "transformer_engine" and not has_te:
+        raise ValueError(
+            "model.transformer_impl=transformer_engine needs CUDA and transformer-engine "
+            "(pip install -e '.[gpu]'); on a CPU machine use model.transformer_impl=local."
+        )
+    if cfg.fp8 is not None and impl != "transformer_engine":
+        raise ValueError(
+            f"model.fp8={cfg.fp8} needs Transformer Engine on a CUDA GPU (transformer_impl resolved to "
+            f"{impl!r}); set model.fp8=null on this machine."
+        )
+    return impl
+
+
+def resolve_dtype(cfg: ModelConfig) -> torch.dtype:
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "fp32"
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
+    from megatron.core.transformer import TransformerConfig
+
+    impl = resolve_impl(cfg)
+    dtype = resolve_dtype(cfg)
+    ctx.dims.check_model(num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads)
+    on_gpu = ctx.device.type == "cuda"
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=cfg.init_std,
+        tensor_model_parallel_size=ctx.dims.tp,
+        pipeline_model_parallel_size=ctx.dims.pp,
+        sequence_parallel=ctx.sequence_parallel,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=not on_gpu,
+        # The loss returns (sum, count); Megatron divides the gradients by the global count.
+        calculate_per_token_loss=True,
+        transformer_impl=impl,
+        fp8=cfg.fp8,
+        fp8_recipe=cfg.fp8_recipe if cfg.fp8 else "delayed",
+        recompute_granularity=cfg.recompute,
+        recompute_method="uniform" if cfg.recompute == "full" else None,
+        recompute_num_layers=1 if cfg.recompute == "full" else None,
+        # Fused kernels exist only on GPU.
+        bias_dropout_fusion=on_gpu,
+        masked_softmax_fusion=on_gpu,
+        apply_rope_fusion=on_gpu and impl == "transformer_engine",
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=on_gpu,
+    )
+
+
+def layer_spec(config, arch: ModelArch):
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if config.transformer_impl == "transformer_engine":
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    from megatron_apriel.model.attention import local_layer_spec
+
+    return local_layer_spec(arch.qk_norm)
+
+
+def build_model(cfg: ModelConfig, ctx: ParallelContext):
+    """This rank's ``GPTModel`` stage (unwrapped), on ``ctx.device``, in the configured dtype."""
+    from megatron.core.models.gpt import GPTModel
+
+    arch = cfg.resolve_arch()
+    config = transformer_config(cfg, arch, ctx)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config, arch),
+        vocab_size=padded_vocab_size(arch.vocab_size, ctx.dims.tp, cfg.make_vocab_size_divisible_by),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=ctx.is_first_stage,
+        post_process=ctx.is_last_stage,
+        share_embeddings_and_output_weights=arch.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+        pg_collection=ctx.pgs,
+    )
+    return model.to(ctx.device)

@@ -1,0 +1,102 @@
+"""Canonical (TP=1, PP=1, unpadded-vocab) Megatron state dicts <-> this rank's shards.
+
+The canonical form names every decoder layer by its global index and keeps only the true
+vocabulary rows, so it is the same whatever the layout (TP, PP, vocab padding). It is what the
+layout-invariance tests compare and what conversion maps to Hugging Face names. Shards are cut
+along the ``partition_dim`` Megatron records on each tensor-parallel parameter; the SwiGLU fc1
+weight holds [gate; up] per rank, so it is cut per half.
+
+Gathering materialises the whole model on every rank: meant for small models and tests. Large
+checkpoints go through the streaming converter instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+
+from megatron_apriel.parallel.groups import ParallelContext
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def layer_offset(model) -> int:
+    layers = model.decoder.layers
+    return layers[0].layer_number - 1 if len(layers) else 0
+
+
+def global_name(local: str, offset: int) -> str:
+    return _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", local)
+
+
+def _is_glu_fc1(name: str, model) -> bool:
+    return name.endswith("mlp.linear_fc1.weight") and model.config.gated_linear_unit
+
+
+def _shard(full: torch.Tensor, dim: int, tp: int, rank: int, glu: bool) -> torch.Tensor:
+    if glu:
+        gate, up = full.chunk(2, dim=dim)
+        return torch.cat([gate.chunk(tp, dim=dim)[rank], up.chunk(tp, dim=dim)[rank]], dim=dim)
+    return full.chunk(tp, dim=dim)[rank]
+
+
+def _unshard(parts: list[torch.Tensor], dim: int, glu: bool) -> torch.Tensor:
+    if glu:
+        halves = [p.chunk(2, dim=dim) for p in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
+    return torch.cat(parts, dim=dim)
+
+
+def _local_params(model, tied: bool):
+    for name, param in model.named_parameters():
+        if tied and name == "output_layer.weight":
+            continue  # the tied copy of the embedding on the last stage
+        yield name, param
+
+
+@torch.no_grad()
+def load_full_state_dict(model, full: dict[str, torch.Tensor], ctx: ParallelContext) -> None:
+    """Copy a canonical state dict into this rank's stage/shard of ``model``."""
+    tied = model.share_embeddings_and_output_weights
+    offset = layer_offset(model)
+    for name, param in model.named_parameters():
+        key = "embedding.word_embeddings.weight" if tied and name == "output_layer.weight" else global_name(name, offset)
+        if key not in full:
+            raise KeyError(f"canonical state dict has no {key!r} (needed by this rank's {name!r}).")
+        src = full[key]
+        if key in _VOCAB_PARAMS:  # zero-pad the true vocabulary up to the padded size
+            padded = src.new_zeros((param.shape[0] * (ctx.dims.tp if param.tensor_model_parallel else 1), src.shape[1]))
+            padded[: src.shape[0]] = src
+            src = padded
+        if getattr(param, "tensor_model_parallel", False):
+            src = _shard(src, param.partition_dim, ctx.dims.tp, ctx.tp_rank, _is_glu_fc1(name, model))
+        if src.shape != param.shape:
+            raise ValueError(f"{key}: canonical shape {tuple(src.shape)} does not fit shard {tuple(param.shape)}.")
+        param.copy_(src)
+
+
+@torch.no_grad()
+def gather_full_state_dict(model, ctx: ParallelContext, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The canonical state dict, complete on every rank (CPU tensors, fp32 kept as is)."""
+    tied = model.share_embeddings_and_output_weights
+    offset = layer_offset(model)
+    stage: dict[str, torch.Tensor] = {}
+    for name, param in _local_params(model, tied):
+        tensor = param.detach()
+        if getattr(param, "tensor_model_parallel", False) and ctx.dims.tp > 1:
+            parts = [torch.empty_like(tensor) for _ in range(ctx.dims.tp)]
+            dist.all_gather(parts, tensor.contiguous(), group=ctx.pgs.tp)
+            tensor = _unshard(parts, param.partition_dim, _is_glu_fc1(name, model))
+        key = global_name(name, offset)
+        if key in _VOCAB_PARAMS:
+            tensor = tensor[:vocab_size]
+        stage[key] = tensor.cpu().clone()
+    stages: list[dict] = [None] * ctx.dims.pp  # type: ignore[list-item]
+    dist.all_gather_object(stages, stage, group=ctx.pgs.pp)
+    full: dict[str, torch.Tensor] = {}
+    for part in stages:
+        full.update(part)
+    return full

@@ -1,0 +1,165 @@
+"""Turn a step's samples into micro-batches: padded rows or packed (THD) rows.
+
+A sample is one rollout: prompt + completion token ids, the behaviour log-prob of every
+completion token (from vLLM) and the sequence's advantage. Position p of a row predicts token
+p + 1 of the same sequence, so a completion token at index j is scored at position j - 1.
+
+Padded: ``[b, S]`` rows, right-padded, plain causal attention.
+Packed: ``[1, T]`` rows holding several sequences back to back, described by
+``PackedSeqParams(qkv_format="thd", cu_seqlens=...)``; attention stays inside each sequence and
+RoPE positions restart per sequence (TE on GPU, ``model.attention`` on CPU). The unused tail of
+a row is one more, loss-free segment. Both give the same log-probs for the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class TrainSample:
+    tokens: list[int]
+    """Prompt followed by completion token ids."""
+    prompt_len: int
+    behaviour_logprobs: list[float]
+    """Log-prob of each completion token under the policy that sampled it (len = completion length)."""
+    advantage: float
+    truncated: bool = False
+    """The completion hit the length limit (overlong filtering masks it out of the loss)."""
+
+    def __post_init__(self) -> None:
+        n_completion = len(self.tokens) - self.prompt_len
+        if self.prompt_len < 1 or n_completion < 0:
+            raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")
+        if len(self.behaviour_logprobs) != n_completion:
+            raise ValueError(
+                f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."
+            )
+
+
+@dataclass
+class MicroBatch:
+    tokens: torch.Tensor  # [b, S] int64
+    position_ids: torch.Tensor  # [b, S] int64
+    labels: torch.Tensor  # [b, S] int64: next token (0 where no loss)
+    loss_mask: torch.Tensor  # [b, S] bool
+    old_logp: torch.Tensor  # [b, S] float32: behaviour log-prob of labels (0 where no loss)
+    seq: torch.Tensor  # [b, S] int64: index of the position's sequence in this micro-batch
+    advantages: torch.Tensor  # [n_seq] float32
+    truncated: torch.Tensor  # [n_seq] bool
+    cu_seqlens: Optional[torch.Tensor] = None  # [n_segments + 1] int32, packed rows only
+    max_seqlen: int = 0
+    sample_ids: list[int] = field(default_factory=list)  # index of each sequence in the step
+
+    def to(self, device) -> "MicroBatch":
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return MicroBatch(**moved)
+
+    def packed_seq_params(self):
+        if self.cu_seqlens is None:
+            return None
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        return PackedSeqParams(qkv_format="thd", cu_seqlens_q=self.cu_seqlens, cu_seqlens_kv=self.cu_seqlens,
+                               max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
+
+
+def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
+    n = len(s.tokens)
+    row["tokens"][start : start + n] = torch.tensor(s.tokens)
+    row["position_ids"][start : start + n] = torch.arange(n)
+    # positions prompt_len-1 .. n-2 predict the completion tokens prompt_len .. n-1
+    first, last = start + s.prompt_len - 1, start + n - 1
+    row["labels"][first:last] = torch.tensor(s.tokens[s.prompt_len :])
+    row["loss_mask"][first:last] = True
+    row["old_logp"][first:last] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    row["seq"][start : start + n] = seq_index
+
+
+def _empty_rows(b: int, length: int) -> dict:
+    return {
+        "tokens": torch.zeros(b, length, dtype=torch.long),
+        "position_ids": torch.zeros(b, length, dtype=torch.long),
+        "labels": torch.zeros(b, length, dtype=torch.long),
+        "loss_mask": torch.zeros(b, length, dtype=torch.bool),
+        "old_logp": torch.zeros(b, length, dtype=torch.float32),
+        "seq": torch.zeros(b, length, dtype=torch.long),
+    }
+
+
+def _per_seq(samples: list[TrainSample]) -> dict:
+    return {
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "truncated": torch.tensor([s.truncated for s in samples], dtype=torch.bool),
+    }
+
+
+def padded_microbatches(samples: list[TrainSample], ids: list[int], micro_batch_size: int, seq_len: int) -> list[MicroBatch]:
+    """Right-padded ``[micro_batch_size, seq_len]`` micro-batches (the last may be smaller)."""
+    too_long = [len(s.tokens) for s in samples if len(s.tokens) > seq_len]
+    if too_long:
+        raise ValueError(f"sample of {max(too_long)} tokens exceeds trainer.seq_len={seq_len}; raise it.")
+    out = []
+    for lo in range(0, len(samples), micro_batch_size):
+        chunk = samples[lo : lo + micro_batch_size]
+        rows = _empty_rows(micro_batch_size, seq_len)  # PP needs one shape: short chunks get empty rows
+        for i, s in enumerate(chunk):
+            one = {k: v[i] for k, v in rows.items()}
+            _fill_row(one, 0, s, i)
+        out.append(MicroBatch(**rows, **_per_seq(chunk), sample_ids=ids[lo : lo + micro_batch_size]))
+    return out
+
+
+def pack_bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: indices grouped into bins whose lengths sum to <= capacity."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if lengths[i] > capacity:
+            raise ValueError(f"sample of {lengths[i]} tokens exceeds trainer.seq_len={capacity}; raise it.")
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: int) -> list[MicroBatch]:
+    """``[1, pack_len]`` rows, each packing several sequences (THD layout)."""
+    out = []
+    for members in pack_bins([len(s.tokens) for s in samples], pack_len):
+        chunk = [samples[i] for i in members]
+        rows = _empty_rows(1, pack_len)
+        row = {k: v[0] for k, v in rows.items()}
+        bounds, start = [0], 0
+        for j, s in enumerate(chunk):
+            _fill_row(row, start, s, j)
+            start += len(s.tokens)
+            bounds.append(start)
+        if start < pack_len:  # the unused tail is a loss-free segment of its own
+            row["seq"][start:] = len(chunk) - 1
+            bounds.append(pack_len)
+        lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        out.append(MicroBatch(**rows, **_per_seq(chunk), cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
+                              max_seqlen=max(lengths), sample_ids=[ids[i] for i in members]))
+    return out
+
+
+def split_for_data_parallel(samples: list[TrainSample], dp: int, dp_rank: int) -> tuple[list[TrainSample], list[int]]:
+    """This DP rank's share, balanced by token count (greedy, deterministic), with step indices."""
+    load = [0] * dp
+    mine: list[int] = []
+    for i in sorted(range(len(samples)), key=lambda i: (-len(samples[i].tokens), i)):
+        r = min(range(dp), key=lambda r: (load[r], r))
+        load[r] += len(samples[i].tokens)
+        if r == dp_rank:
+            mine.append(i)
+    mine.sort()
+    return [samples[i] for i in mine], mine

@@ -1,0 +1,184 @@
+"""Policy losses: GSPO (sequence and token forms) and token-level GRPO/DAPO. Pure functions.
+
+Layout: every per-token tensor is flat, ``[N]`` = all token positions of a micro-batch (padded
+rows flattened, or packed rows), with ``mask_N`` marking the completion tokens that carry a loss
+and ``seq_N`` giving each such token's sequence index in ``[0, S)``. Per-sequence tensors are
+``[S]``. This one layout serves padded and packed batches alike.
+
+Each loss returns an un-normalised ``loss_sum`` and the ``count`` it must be divided by
+(sequences or tokens of the whole optimizer step). The step sums both over micro-batches and
+data-parallel ranks and divides once (Megatron's ``calculate_per_token_loss`` path), so the
+result does not depend on how the batch was split.
+
+GSPO as the Apriel authors run it (RECIPE.md 2.2), with n_i completion tokens and m_i = 0 for
+filtered (truncated) sequences:
+    log s_i = sum_t (logp_t - old_logp_t) / n_i
+    loss    = -(1/B) sum_i w_i m_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+with w_i = n_i ("length", the authors' choice) or 1 ("equal"), B = sequences in the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+LOSS_KINDS = ("gspo", "gspo_token", "grpo")
+
+
+@dataclass
+class LossConfig:
+    kind: str = "gspo"
+    """gspo (sequence ratio), gspo_token (GSPO-token: same value and gradient, per-token form) or
+    grpo (token ratio; with aggregation=token_mean this is DAPO's token-level loss)."""
+    eps_low: float = 3e-3
+    """Lower clip: ratios below 1 - eps_low stop pushing down. GSPO paper: 3e-4; authors' runs: 3e-3."""
+    eps_high: float = 4e-3
+    """Upper clip: ratios above 1 + eps_high stop pushing up. GSPO paper: 4e-4; DAPO (grpo): 0.28."""
+    seq_weighting: str = "length"
+    """gspo/gspo_token: length (w_i = n_i, the authors' choice, complements DAP) or equal (w_i = 1)."""
+    aggregation: str = "token_mean"
+    """grpo only: token_mean (DAPO: sum over tokens / tokens in step) or seq_mean_token_mean (GRPO)."""
+    overlong_filtering: bool = True
+    """Truncated sequences get no loss (they still count in the normaliser B)."""
+    temperature: float = 1.0
+    """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}.")
+        if not (0 <= self.eps_low < 1) or self.eps_high < 0:
+            raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, got {self.eps_low}, {self.eps_high}.")
+        if self.seq_weighting not in ("length", "equal"):
+            raise ValueError(f"loss.seq_weighting must be length or equal, got {self.seq_weighting!r}.")
+        if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
+            raise ValueError(f"loss.aggregation must be token_mean or seq_mean_token_mean, got {self.aggregation!r}.")
+        if self.temperature <= 0:
+            raise ValueError(f"loss.temperature must be > 0, got {self.temperature}.")
+
+
+class LossInputs(NamedTuple):
+    logp_N: torch.Tensor  # float [N], current policy, differentiable
+    old_logp_N: torch.Tensor  # float [N], behaviour policy (vLLM sampling log-probs)
+    mask_N: torch.Tensor  # bool [N], completion tokens that carry a loss
+    seq_N: torch.Tensor  # int64 [N], sequence index in [0, S) (ignored where mask_N is False)
+    adv_S: torch.Tensor  # float [S], advantage of each sequence
+    truncated_S: torch.Tensor  # bool [S], finished by the length limit
+    entropy_N: torch.Tensor | None = None  # float [N], optional, for metrics only
+
+
+class LossOutput(NamedTuple):
+    loss_sum: torch.Tensor  # scalar, differentiable; divide by the step's total ``count``
+    count: torch.Tensor  # int scalar: sequences (gspo, grpo seq_mean) or tokens (grpo token_mean)
+    metrics: dict  # name -> scalar tensor; *_min / *_max reduce by min / max, others by sum
+
+
+def _per_seq_sum(values_N: torch.Tensor, inp: LossInputs, n_seq: int) -> torch.Tensor:
+    out = values_N.new_zeros(n_seq)
+    return out.index_add(0, inp.seq_N[inp.mask_N], values_N[inp.mask_N])
+
+
+def _clipped_objective(ratio, adv, eps_low: float, eps_high: float):
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    objective = torch.minimum(ratio * adv, clipped * adv)
+    is_clipped = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
+    return objective, is_clipped
+
+
+def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
+    """Dispatch on ``cfg.kind``; see the module docstring for the layout and normalisation."""
+    n_seq = inp.adv_S.shape[0]
+    n_tok_S = _per_seq_sum(torch.ones_like(inp.logp_N), inp, n_seq).detach()  # [S]
+    keep_S = (n_tok_S > 0).float()
+    if cfg.overlong_filtering:
+        keep_S = keep_S * (~inp.truncated_S).float()
+    log_ratio_N = inp.logp_N - inp.old_logp_N
+    if cfg.kind == "grpo":
+        loss_sum, count, ratio_stats = _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S)
+    else:
+        loss_sum, count, ratio_stats = _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S)
+    return LossOutput(loss_sum, count, _metrics(inp, log_ratio_N, keep_S, n_tok_S, ratio_stats))
+
+
+def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
+    n_seq = inp.adv_S.shape[0]
+    log_s_S = _per_seq_sum(log_ratio_N, inp, n_seq) / n_tok_S.clamp(min=1)
+    weight_S = n_tok_S if cfg.seq_weighting == "length" else torch.ones_like(n_tok_S)
+    if cfg.kind == "gspo":
+        s_S = log_s_S.exp()
+        obj_S, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
+    else:  # gspo_token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], averaged over the sequence's tokens
+        log_s_N = inp.logp_N - inp.logp_N.detach() + log_s_S.detach()[inp.seq_N.clamp(0, n_seq - 1)]
+        obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low, cfg.eps_high)
+        obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)
+        s_S = log_s_S.detach().exp()
+        _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
+    loss_sum = -(weight_S * keep_S * obj_S).sum()
+    count = torch.tensor(n_seq, dtype=torch.int, device=loss_sum.device)
+    stats = {"ratio": s_S.detach()[keep_S > 0], "clipped": clipped_S[keep_S > 0]}
+    return loss_sum, count, stats
+
+
+def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
+    n_seq = inp.adv_S.shape[0]
+    seq = inp.seq_N.clamp(0, n_seq - 1)
+    ratio_N = log_ratio_N.exp()
+    obj_N, clipped_N = _clipped_objective(ratio_N, inp.adv_S[seq], cfg.eps_low, cfg.eps_high)
+    obj_N = obj_N * keep_S[seq]
+    if cfg.aggregation == "token_mean":
+        loss_sum = -obj_N[inp.mask_N].sum()
+        count = n_tok_S.sum().to(torch.int)
+    else:
+        loss_sum = -(_per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)).sum()
+        count = torch.tensor(n_seq, dtype=torch.int, device=loss_sum.device)
+    live = inp.mask_N & (keep_S[seq] > 0)
+    stats = {"ratio": ratio_N.detach()[live], "clipped": clipped_N[live]}
+    return loss_sum, count, stats
+
+
+def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
+    ratio, zero = stats["ratio"], inp.logp_N.new_zeros(())
+    tok = inp.mask_N
+    m = {
+        "seqs": torch.tensor(float(inp.adv_S.shape[0])),
+        "tokens": n_tok_S.sum(),
+        "seqs_filtered": (keep_S == 0).sum().float(),
+        "ratio_items": torch.tensor(float(ratio.numel())),
+        "ratio_sum": ratio.sum() if ratio.numel() else zero,
+        "ratio_min": ratio.min() if ratio.numel() else zero + float("inf"),
+        "ratio_max": ratio.max() if ratio.numel() else zero - float("inf"),
+        "clipped": stats["clipped"].sum().float(),
+        # |log pi_theta - log pi_behaviour| per token: train/inference drift plus policy change
+        "abs_log_ratio_sum": log_ratio_N.detach()[tok].abs().sum(),
+    }
+    if inp.entropy_N is not None:
+        m["entropy_sum"] = inp.entropy_N.detach()[tok].sum()
+    return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}
+
+
+def finalize_metrics(totals: dict) -> dict:
+    """Turn reduced sums/min/max into the logged means (keys under ``train/``)."""
+    items = max(float(totals["ratio_items"]), 1.0)
+    tokens = max(float(totals["tokens"]), 1.0)
+    out = {
+        "train/ratio_mean": float(totals["ratio_sum"]) / items,
+        "train/ratio_min": float(totals["ratio_min"]),
+        "train/ratio_max": float(totals["ratio_max"]),
+        "train/clip_fraction": float(totals["clipped"]) / items,
+        "train/abs_log_ratio": float(totals["abs_log_ratio_sum"]) / tokens,
+        "train/seqs": float(totals["seqs"]),
+        "train/tokens": float(totals["tokens"]),
+        "train/seqs_filtered": float(totals["seqs_filtered"]),
+    }
+    if "entropy_sum" in totals:
+        out["train/entropy"] = float(totals["entropy_sum"]) / tokens
+    return out
+
+
+def gspo_loss(inp: LossInputs, cfg: LossConfig | None = None) -> LossOutput:
+    """GSPO with the authors' defaults (public name, see ARCHITECTURE.md)."""
+    cfg = cfg or LossConfig()
+    if cfg.kind == "grpo":
+        raise ValueError("gspo_loss got loss.kind=grpo; call policy_loss for GRPO/DAPO.")
+    return policy_loss(inp, cfg)

@@ -1,0 +1,125 @@
+"""One GSPO optimizer step through Megatron's pipeline schedule (any TP/PP/DP layout)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from megatron_apriel.parallel.groups import ParallelContext
+from megatron_apriel.trainer.batch import MicroBatch
+from megatron_apriel.trainer.logprobs import vocab_parallel_logprobs
+from megatron_apriel.trainer.loss import LossConfig, LossInputs, finalize_metrics, policy_loss
+
+
+def forward_logits(model, mb: MicroBatch):
+    """Run one stage on a micro-batch: logits ``[b, S, V/tp]`` on the last stage, hidden otherwise."""
+    packed = mb.packed_seq_params()
+    return model(mb.tokens, mb.position_ids, None, packed_seq_params=packed)
+
+
+def token_logprobs(logits, mb: MicroBatch, ctx: ParallelContext, vocab_size: int, temperature: float):
+    tp_group = ctx.pgs.tp if ctx.dims.tp > 1 else None
+    return vocab_parallel_logprobs(logits, mb.labels, vocab_size=vocab_size, temperature=temperature,
+                                   tp_group=tp_group, tp_rank=ctx.tp_rank)
+
+
+def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
+    logp, entropy = token_logprobs(logits, mb, ctx, vocab_size, cfg.temperature)
+    inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
+                     mb.advantages, mb.truncated, entropy.flatten())
+    out = policy_loss(inp, cfg)
+    metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float())
+    return out.loss_sum, out.count, metrics
+
+
+def _forward_step(ctx, cfg, vocab_size, data_iterator, model):
+    mb = next(data_iterator).to(ctx.device)
+    return forward_logits(model, mb), partial(_loss_func, mb, ctx, cfg, vocab_size)
+
+
+def _schedule(chunks, ctx: ParallelContext):
+    """Megatron's forward/backward schedule for this layout, with our groups bound in."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    kwargs = {"pg_collection": ctx.pgs}
+    if ctx.dims.pp > 1:
+        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+        kwargs["p2p_communicator"] = P2PCommunicator(pp_group=ctx.pgs.pp, config=chunks[0].config)
+    return partial(get_forward_backward_func(pp_size=ctx.dims.pp, vp_size=None), **kwargs)
+
+
+def reduce_metrics(per_microbatch: list[dict], ctx: ParallelContext) -> dict:
+    """Sum (or min/max) over micro-batches, then over data-parallel ranks. Last stage only."""
+    keys = sorted(per_microbatch[0])
+    out = {}
+    for op, pick in ((dist.ReduceOp.SUM, lambda k: not k.endswith(("_min", "_max"))),
+                     (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
+                     (dist.ReduceOp.MAX, lambda k: k.endswith("_max"))):
+        names = [k for k in keys if pick(k)]
+        if not names:
+            continue
+        stacked = torch.stack([torch.stack([m[k].float() for k in names]) for m in per_microbatch])
+        local = {dist.ReduceOp.SUM: stacked.sum(0), dist.ReduceOp.MIN: stacked.min(0).values,
+                 dist.ReduceOp.MAX: stacked.max(0).values}[op]
+        if ctx.dims.dp > 1:
+            dist.all_reduce(local, op=op, group=ctx.pgs.dp)
+        out.update({k: float(v) for k, v in zip(names, local.tolist())})
+    return out
+
+
+def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx: ParallelContext,
+               cfg: LossConfig, vocab_size: int) -> dict:
+    """Forward/backward all micro-batches, reduce gradients, clip, step. Returns logged metrics
+    (complete on the last pipeline stage; ``{}``-like on the others, plus the grad norm)."""
+    if not microbatches:
+        raise ValueError("train_step got no micro-batches: every data-parallel rank needs at least one sample.")
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    shape = microbatches[0].tokens.shape
+    per_mb = _schedule(chunks, ctx)(
+        forward_step_func=partial(_forward_step, ctx, cfg, vocab_size),
+        data_iterator=iter(microbatches),
+        model=chunks,
+        num_microbatches=len(microbatches),
+        seq_length=shape[1],
+        micro_batch_size=shape[0],
+        forward_only=False,
+    )
+    success, grad_norm, _ = optimizer.step()
+    if not success:
+        raise RuntimeError("optimizer step skipped (non-finite gradients); check the batch and the learning rate.")
+    scheduler.step(increment=1)
+    metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+               "train/lr": optimizer.param_groups[0]["lr"]}
+    if ctx.is_last_stage:
+        totals = reduce_metrics(per_mb, ctx)
+        metrics.update(finalize_metrics(totals))
+        metrics["train/loss"] = totals["loss_sum"] / max(totals["count"], 1.0)
+    return metrics
+
+
+@torch.no_grad()
+def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContext, vocab_size: int,
+                     temperature: float) -> list[torch.Tensor]:
+    """Per-token log-probs ``[b, S]`` of each micro-batch (last stage; empty list elsewhere)."""
+    shape = microbatches[0].tokens.shape
+
+    def step(data_iterator, model):
+        mb = next(data_iterator).to(ctx.device)
+
+        def collect(logits):
+            logp, _ = token_logprobs(logits, mb, ctx, vocab_size, temperature)
+            return logp.sum() * 0, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().cpu()}
+
+        return forward_logits(model, mb), collect
+
+    out = _schedule(chunks, ctx)(
+        forward_step_func=step, data_iterator=iter(microbatches), model=chunks,
+        num_microbatches=len(microbatches), seq_length=shape[1], micro_batch_size=shape[0],
+        forward_only=True,
+    )
+    return [d["logp"] for d in out] if ctx.is_last_stage else []

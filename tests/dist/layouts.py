@@ -1,0 +1,107 @@
+"""Run the same tiny model and batch under several (tp, pp, dp) layouts; save what each computed.
+
+Launched by tests/unit/test_layouts.py as ``torchrun --nproc_per_node 2 layouts.py OUT``.
+"""
+
+import sys
+
+import torch
+
+from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict
+from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model
+from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
+from megatron_apriel.trainer.batch import TrainSample, packed_microbatches, padded_microbatches, split_for_data_parallel
+from megatron_apriel.trainer.loss import LossConfig
+from megatron_apriel.trainer.step import forward_logprobs, train_step
+import torch.distributed as dist
+
+ARCH = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=24, qkv_bias=True, tie_embeddings=False)
+SEQ_LEN = 48
+
+
+def reference_state(model_full_names) -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {k: torch.randn(shape, generator=g) * 0.1 for k, shape in model_full_names}
+
+
+def samples() -> list[TrainSample]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(8):
+        plen = 3 + i % 4
+        clen = 5 + (7 * i) % 13
+        toks = torch.randint(0, ARCH.vocab_size, (plen + clen,), generator=g).tolist()
+        old = (-torch.rand(clen, generator=g) * 3 - 2.5).tolist()
+        out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5)))
+    return out
+
+
+def canonical_shapes():
+    """Names and shapes of the canonical (tp=1, pp=1) state, from a throwaway 1-rank-shaped build."""
+    shapes = {
+        "embedding.word_embeddings.weight": (ARCH.vocab_size, ARCH.hidden_size),
+        "decoder.final_layernorm.weight": (ARCH.hidden_size,),
+        "output_layer.weight": (ARCH.vocab_size, ARCH.hidden_size),
+    }
+    qkv = (ARCH.num_heads + 2 * ARCH.num_kv_heads) * ARCH.head_dim
+    for i in range(ARCH.num_layers):
+        p = f"decoder.layers.{i}."
+        shapes.update({
+            p + "self_attention.linear_qkv.weight": (qkv, ARCH.hidden_size),
+            p + "self_attention.linear_qkv.bias": (qkv,),
+            p + "self_attention.linear_proj.weight": (ARCH.hidden_size, ARCH.num_heads * ARCH.head_dim),
+            p + "input_layernorm.weight": (ARCH.hidden_size,),
+            p + "pre_mlp_layernorm.weight": (ARCH.hidden_size,),
+            p + "mlp.linear_fc1.weight": (2 * ARCH.ffn_hidden_size, ARCH.hidden_size),
+            p + "mlp.linear_fc2.weight": (ARCH.hidden_size, ARCH.ffn_hidden_size),
+        })
+    return sorted(shapes.items())
+
+
+def run_layout(tp, pp, packed, loss_cfg):
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
+    model = build_model(ModelConfig(arch=ARCH), ctx)
+    ref = reference_state(canonical_shapes())
+    load_full_state_dict(model, ref, ctx)
+    chunks = wrap_model(model, ctx)
+    optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0), ctx, total_steps=10)
+    mine, ids = split_for_data_parallel(samples(), ctx.dims.dp, ctx.dp_rank)
+    mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 3, SEQ_LEN)
+    logp = forward_logprobs(chunks, mbs, ctx, ARCH.vocab_size, loss_cfg.temperature)
+    per_sample = {}
+    for mb, lp in zip(mbs, logp):
+        for j, sid in enumerate(mb.sample_ids):
+            sel = mb.loss_mask & (mb.seq == j)
+            per_sample[sid] = lp[sel]
+    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss_cfg, ARCH.vocab_size)
+    full = gather_full_state_dict(model, ctx, ARCH.vocab_size)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per_sample)
+    all_logp = {k: v for d in gathered for k, v in d.items()}
+    all_metrics = [None] * dist.get_world_size()
+    dist.all_gather_object(all_metrics, metrics if ctx.is_logging_rank else None)
+    destroy_parallel_groups_only()
+    return {"logp": all_logp, "metrics": [m for m in all_metrics if m][0], "weights": full}
+
+
+def destroy_parallel_groups_only():
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+
+
+def main(out_path):
+    loss_cfg = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
+    results = {}
+    for name, tp, pp, packed in [("tp1_dp2", 1, 1, False), ("tp2", 2, 1, False), ("pp2", 1, 2, False),
+                                 ("tp1_dp2_packed", 1, 1, True), ("tp2_packed", 2, 1, True), ("pp2_packed", 1, 2, True)]:
+        results[name] = run_layout(tp, pp, packed, loss_cfg)
+    if dist.get_rank() == 0:
+        torch.save(results, out_path)
+    destroy_parallel()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
