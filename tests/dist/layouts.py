@@ -19,6 +19,9 @@ import torch.distributed as dist
 ARCH = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=24, qkv_bias=True, tie_embeddings=False)
 SEQ_LEN = 48
+# A large Adam epsilon keeps the update from amplifying float round-off in near-zero gradients,
+# so that layouts can be compared at 1e-5 after one step while the weights still move by ~lr.
+OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 
 
 def reference_state(model_full_names) -> dict:
@@ -61,12 +64,13 @@ def canonical_shapes():
 
 
 def run_layout(tp, pp, packed, loss_cfg):
+    """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step."""
     ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
     model = build_model(ModelConfig(arch=ARCH), ctx)
     ref = reference_state(canonical_shapes())
     load_full_state_dict(model, ref, ctx)
     chunks = wrap_model(model, ctx)
-    optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0), ctx, total_steps=10)
+    optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(), ctx.dims.dp, ctx.dp_rank)
     mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 3, SEQ_LEN)
     logp = forward_logprobs(chunks, mbs, ctx, ARCH.vocab_size, loss_cfg.temperature)
@@ -93,10 +97,13 @@ def destroy_parallel_groups_only():
 
 
 def main(out_path):
-    loss_cfg = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
-    results = {}
-    for name, tp, pp, packed in [("tp1_dp2", 1, 1, False), ("tp2", 2, 1, False), ("pp2", 1, 2, False),
-                                 ("tp1_dp2_packed", 1, 1, True), ("tp2_packed", 2, 1, True), ("pp2_packed", 1, 2, True)]:
+    gspo = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
+    dapo = LossConfig(kind="grpo", aggregation="token_mean", eps_low=0.2, eps_high=0.28)
+    runs = [("gspo/tp1_dp2", 1, 1, False, gspo), ("gspo/tp2", 2, 1, False, gspo), ("gspo/pp2", 1, 2, False, gspo),
+            ("gspo/tp1_dp2_packed", 1, 1, True, gspo), ("gspo/tp2_packed", 2, 1, True, gspo),
+            ("gspo/pp2_packed", 1, 2, True, gspo), ("dapo/tp1_dp2", 1, 1, False, dapo), ("dapo/pp2_packed", 1, 2, True, dapo)]
+    results = {"initial": reference_state(canonical_shapes())}
+    for name, tp, pp, packed, loss_cfg in runs:
         results[name] = run_layout(tp, pp, packed, loss_cfg)
     if dist.get_rank() == 0:
         torch.save(results, out_path)
