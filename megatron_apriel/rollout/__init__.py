@@ -1,0 +1,1 @@
+"""Rollout records exchanged between the data side, the actor and the trainer."""

@@ -1,0 +1,179 @@
+"""Adaptive multi-domain sampler (RECIPE.md section 3).
+
+The actor asks `sample()` which domain its next group of rollouts comes from, and calls
+`record_completion(domain)` once per *finished rollout* (a group of G adds G). Domains whose
+rollouts finish slowly fall behind their target share, so their probability is raised:
+
+    t_d = w_d / sum_j w_j                                  (target share)
+    N < min_completions:  p_d = t_d                        (static sampling)
+    otherwise:            a_d = clip(t_d / (n_d / N), lo, hi), with a_d = hi when n_d = 0
+                          p_d = w_d a_d / sum_j w_j a_j
+
+Counts are cumulative, never windowed. The RNG state is part of `state_dict()`, so a sampler
+restored with `load_state_dict()` makes exactly the choices the saved one would have made.
+
+Usage::
+
+    sampler = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=cfg.seed)
+    domain = sampler.sample()              # pick a domain, then a problem from its pool
+    ...                                    # for each finished rollout of that group:
+    sampler.record_completion(domain)
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+DOMAIN_MIX_PAPER: Mapping[str, float] = MappingProxyType(
+    {"math": 0.40, "code": 0.25, "logic": 0.15, "ifeval": 0.10, "function_calling": 0.10})
+"""The paper's mix (RECIPE.md section 1, from the paper summaries); the default."""
+
+DOMAIN_MIX_PIPELINERL: Mapping[str, float] = MappingProxyType(
+    {"math": 0.35, "code": 0.25, "logic": 0.15, "ifeval": 0.15, "function_calling": 0.10})
+"""The authors' repository default (`conf/domain_mix/base.yaml`)."""
+
+DOMAIN_MIX_PRESETS: Mapping[str, Mapping[str, float]] = MappingProxyType(
+    {"paper": DOMAIN_MIX_PAPER, "pipelinerl": DOMAIN_MIX_PIPELINERL})
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Configuration of `AdaptiveDomainSampler`; composed into the run config by Hydra."""
+
+    weights: dict[str, float] = field(default_factory=lambda: dict(DOMAIN_MIX_PAPER))
+    """Unnormalised domain weights w_d; the target share of domain d is w_d / sum(w)."""
+
+    min_completions: int = 50
+    """Static sampling (p_d = t_d) until this many rollouts have completed in total."""
+
+    clip_low: float = 0.1
+    """Lower bound on the correction factor a_d."""
+
+    clip_high: float = 10.0
+    """Upper bound on a_d; also the factor of a domain with no completions yet."""
+
+    seed: int = 0
+    """Seed of the sampler's private RNG."""
+
+    def __post_init__(self) -> None:
+        _validate_weights(self.weights)
+        if self.min_completions < 0:
+            raise ValueError(f"min_completions={self.min_completions}: must be >= 0 (50 in the recipe).")
+        if not 0.0 < self.clip_low <= 1.0 <= self.clip_high:
+            raise ValueError(f"clip=({self.clip_low}, {self.clip_high}): need 0 < clip_low <= 1 <= clip_high "
+                             "(the recipe uses 0.1 and 10).")
+
+    def build(self) -> AdaptiveDomainSampler:
+        return AdaptiveDomainSampler(self.weights, min_completions=self.min_completions,
+                                     clip=(self.clip_low, self.clip_high), seed=self.seed)
+
+
+def _validate_weights(weights: Mapping[str, float]) -> None:
+    if not weights:
+        raise ValueError("weights is empty: give at least one domain, e.g. DOMAIN_MIX_PAPER.")
+    for domain, w in weights.items():
+        if not isinstance(domain, str) or not domain:
+            raise ValueError(f"domain name {domain!r} must be a non-empty string.")
+        if not (isinstance(w, (int, float)) and w > 0 and w != float("inf")):
+            raise ValueError(f"weight of {domain!r} is {w!r}: weights must be finite and > 0; "
+                             "drop the domain from the mix instead of giving it weight 0.")
+
+
+class AdaptiveDomainSampler:
+    """Thread-safe adaptive domain sampler; see the module docstring for the formula."""
+
+    def __init__(self, weights: Mapping[str, float], min_completions: int = 50,
+                 clip: tuple[float, float] = (0.1, 10.0), seed: int = 0) -> None:
+        SamplerConfig(dict(weights), min_completions, clip[0], clip[1], seed)  # validates
+        self._domains = tuple(weights)
+        self._weights = {d: float(weights[d]) for d in self._domains}
+        total = sum(self._weights.values())
+        self._targets = {d: w / total for d, w in self._weights.items()}
+        self._min_completions = min_completions
+        self._clip = (float(clip[0]), float(clip[1]))
+        self._counts = {d: 0 for d in self._domains}
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return self._domains
+
+    @property
+    def targets(self) -> dict[str, float]:
+        """Target shares t_d (sum to 1)."""
+        return dict(self._targets)
+
+    def counts(self) -> dict[str, int]:
+        """Completed rollouts per domain so far."""
+        with self._lock:
+            return dict(self._counts)
+
+    def probabilities(self) -> dict[str, float]:
+        """Current sampling distribution p_d over the domains (sums to 1)."""
+        with self._lock:
+            return self._probabilities_locked()
+
+    def _probabilities_locked(self) -> dict[str, float]:
+        total = sum(self._counts.values())
+        if total < self._min_completions:
+            return dict(self._targets)
+        low, high = self._clip
+        scores = {}
+        for d in self._domains:
+            n = self._counts[d]
+            alpha = high if n == 0 else min(max(self._targets[d] / (n / total), low), high)
+            scores[d] = self._weights[d] * alpha
+        norm = sum(scores.values())
+        return {d: s / norm for d, s in scores.items()}
+
+    def sample(self) -> str:
+        """Draw the domain of the next group from `probabilities()`, advancing the RNG once."""
+        with self._lock:
+            probs = self._probabilities_locked()
+            u = self._rng.random()
+            cumulative = 0.0
+            for d in self._domains:
+                cumulative += probs[d]
+                if u < cumulative:
+                    return d
+            return self._domains[-1]  # u within rounding error of 1
+
+    def record_completion(self, domain: str, n: int = 1) -> None:
+        """Count `n` finished rollouts of `domain` (call once per rollout, or once per group with n=G)."""
+        if domain not in self._counts:
+            raise ValueError(f"unknown domain {domain!r}; this sampler has {list(self._domains)}. "
+                             "Add the domain to the sampler's weights.")
+        if n < 1:
+            raise ValueError(f"n={n}: record at least one completion.")
+        with self._lock:
+            self._counts[domain] += n
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: completion counts and the RNG state."""
+        with self._lock:
+            version, internal, gauss = self._rng.getstate()
+            return {"version": _STATE_VERSION, "counts": dict(self._counts),
+                    "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore counts and RNG. The domains must match; the weights stay those of this sampler."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"sampler state version {state.get('version')!r} != {_STATE_VERSION}; "
+                             "it was written by an incompatible release.")
+        counts = dict(state["counts"])
+        if set(counts) != set(self._domains):
+            raise ValueError(f"saved domains {sorted(counts)} differ from this sampler's "
+                             f"{sorted(self._domains)}; resume with the same domain set.")
+        if any(not isinstance(c, int) or c < 0 for c in counts.values()):
+            raise ValueError(f"saved counts {counts} must be non-negative integers.")
+        version, internal, gauss = state["rng"]
+        with self._lock:
+            self._counts = {d: counts[d] for d in self._domains}
+            self._rng.setstate((version, tuple(internal), gauss))

@@ -1,0 +1,59 @@
+"""Verifiers of the five recipe domains, behind one registry.
+
+    result = run_verifier(VERIFIERS[problem.domain], problem, completion)
+
+From an asyncio actor, verify off the event loop in a process pool (math-verify's timers need a
+process's main thread, and the code sandbox forks)::
+
+    pool = make_verifier_pool(max_workers=8)
+    result = await verify_async(problem.domain, problem, completion, pool)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from types import MappingProxyType
+from typing import Mapping
+
+from megatron_apriel.rollout.types import Problem
+from megatron_apriel.verifiers.base import (Outcome, Verifier, VerifierResult, extract_final_response,
+                                            run_verifier)
+from megatron_apriel.verifiers.code import CodeVerifier
+from megatron_apriel.verifiers.function_calling import FunctionCallingVerifier
+from megatron_apriel.verifiers.ifeval import IFEvalVerifier
+from megatron_apriel.verifiers.logic import LogicVerifier
+from megatron_apriel.verifiers.math import MathVerifier
+
+VERIFIERS: Mapping[str, Verifier] = MappingProxyType({
+    "math": MathVerifier(),
+    "code": CodeVerifier(),
+    "logic": LogicVerifier(),
+    "ifeval": IFEvalVerifier(),
+    "function_calling": FunctionCallingVerifier(),
+})
+"""Default verifier per domain (read-only; build your own dict to change settings)."""
+
+
+def verify(domain: str, problem: Problem, completion: str) -> VerifierResult:
+    """Score `completion` with the registry's verifier; verifier crashes become VERIFIER_ERROR."""
+    if domain not in VERIFIERS:
+        raise ValueError(f"unknown domain {domain!r}; registered: {sorted(VERIFIERS)}.")
+    return run_verifier(VERIFIERS[domain], problem, completion)
+
+
+def make_verifier_pool(max_workers: int) -> ProcessPoolExecutor:
+    """A process pool whose workers start from a fresh interpreter (safe from a threaded parent)."""
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("forkserver"))
+
+
+async def verify_async(domain: str, problem: Problem, completion: str,
+                       executor: ProcessPoolExecutor) -> VerifierResult:
+    """`verify` in `executor`, awaited without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor, verify, domain, problem, completion)
+
+
+__all__ = ["VERIFIERS", "Outcome", "Verifier", "VerifierResult", "extract_final_response", "make_verifier_pool",
+           "run_verifier", "verify", "verify_async"]

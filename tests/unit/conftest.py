@@ -1,0 +1,10 @@
+from megatron_apriel.rollout.types import Problem
+
+
+def make_problem(domain, reference, prompt="solve", pid="t"):
+    return Problem(id=pid, domain=domain, prompt=[{"role": "user", "content": prompt}], reference=reference)
+
+
+def apriel(answer: str, reasoning: str = "Here are my reasoning steps:\nthinking...") -> str:
+    """A completion in Apriel's output format."""
+    return f"{reasoning}\n[BEGIN FINAL RESPONSE]\n{answer}\n[END FINAL RESPONSE]"

@@ -1,0 +1,120 @@
+import json
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from megatron_apriel.sampling import (DOMAIN_MIX_PAPER, DOMAIN_MIX_PIPELINERL, AdaptiveDomainSampler,
+                                      SamplerConfig)
+
+
+def expected_probs(weights, counts, min_completions=50, lo=0.1, hi=10.0):
+    """RECIPE.md section 3, written independently of the implementation (vectorised)."""
+    names = list(weights)
+    w = np.array([weights[d] for d in names], dtype=float)
+    n = np.array([counts.get(d, 0) for d in names], dtype=float)
+    t = w / w.sum()
+    if n.sum() < min_completions:
+        return dict(zip(names, t))
+    share = n / n.sum()
+    with np.errstate(divide="ignore"):
+        alpha = np.where(n == 0, hi, np.clip(t / np.where(n == 0, 1, share), lo, hi))
+    p = w * alpha
+    return dict(zip(names, p / p.sum()))
+
+
+def test_presets_sum_to_one():
+    assert sum(DOMAIN_MIX_PAPER.values()) == pytest.approx(1.0)
+    assert sum(DOMAIN_MIX_PIPELINERL.values()) == pytest.approx(1.0)
+    assert DOMAIN_MIX_PAPER["math"] == 0.40 and DOMAIN_MIX_PIPELINERL["ifeval"] == 0.15
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_probabilities_match_formula_after_random_completions(trial):
+    rng = random.Random(trial)
+    weights = {d: rng.uniform(0.05, 3.0) for d in ["a", "b", "c", "d"][: rng.randint(1, 4)]}
+    sampler = AdaptiveDomainSampler(weights, seed=trial)
+    counts = {}
+    for _ in range(rng.randint(0, 40)):
+        d = rng.choice(list(weights)[:max(1, len(weights) - 1)])  # some domain may stay at 0
+        n = rng.randint(1, 8)
+        sampler.record_completion(d, n)
+        counts[d] = counts.get(d, 0) + n
+        got, want = sampler.probabilities(), expected_probs(weights, counts)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-12, abs=1e-15)
+        assert sum(got.values()) == pytest.approx(1.0)
+
+
+def test_static_until_min_completions_and_zero_count_gets_clip_high():
+    s = AdaptiveDomainSampler({"a": 1.0, "b": 3.0})
+    s.record_completion("a", 49)
+    assert s.probabilities() == pytest.approx({"a": 0.25, "b": 0.75})
+    s.record_completion("a")  # N = 50, b never completed: alpha_a = clip(0.25/1)=0.25, alpha_b = 10
+    assert s.probabilities()["b"] == pytest.approx(3 * 10 / (3 * 10 + 1 * 0.25))
+
+
+def test_state_dict_round_trip_continues_same_sequence():
+    a = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=7)
+    for _ in range(100):
+        a.record_completion(a.sample(), 8)
+    state = json.loads(json.dumps(a.state_dict()))  # must survive JSON
+    b = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=999)
+    b.load_state_dict(state)
+    seq_a, seq_b = [], []
+    for _ in range(200):
+        da, db = a.sample(), b.sample()
+        seq_a.append(da)
+        seq_b.append(db)
+        a.record_completion(da, 8)
+        b.record_completion(db, 8)
+    assert seq_a == seq_b
+    assert a.counts() == b.counts()
+    assert len(set(seq_a)) > 1
+
+
+def test_seed_determines_sequence():
+    def seq(seed):
+        s = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=seed)
+        return [s.sample() for _ in range(50)]
+    assert seq(1) == seq(1) and seq(1) != seq(2)
+
+
+def test_thread_safe_counts():
+    s = AdaptiveDomainSampler(DOMAIN_MIX_PAPER)
+
+    def work():
+        for _ in range(2000):
+            s.record_completion(s.sample())
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(s.counts().values()) == 8000
+
+
+@pytest.mark.parametrize("weights", [{}, {"a": 0.0}, {"a": -1.0}, {"a": float("nan")}, {"": 1.0}])
+def test_bad_weights_raise(weights):
+    with pytest.raises(ValueError):
+        AdaptiveDomainSampler(weights)
+
+
+def test_unknown_domain_and_bad_state_raise():
+    s = AdaptiveDomainSampler({"a": 1.0})
+    with pytest.raises(ValueError, match="unknown domain"):
+        s.record_completion("b")
+    with pytest.raises(ValueError):
+        s.record_completion("a", 0)
+    other = AdaptiveDomainSampler({"x": 1.0}).state_dict()
+    with pytest.raises(ValueError, match="same domain set"):
+        s.load_state_dict(other)
+    with pytest.raises(ValueError):
+        SamplerConfig(clip_low=2.0)
+
+
+def test_config_builds_default_paper_mix():
+    s = SamplerConfig().build()
+    assert s.targets == pytest.approx(dict(DOMAIN_MIX_PAPER))
