@@ -1,0 +1,104 @@
+"""A rollout source that samples from the trainer's own Megatron model (no vLLM).
+
+It exists so that the trainer can be run and tested end to end on one CPU before the actor and
+the vLLM fleet are attached: prompts are random token strings, each gets a group of G sampled
+completions of fixed length, and the reward is a verifiable toy rule (the share of completion
+tokens in the lower half of the vocabulary), so a working optimizer visibly raises it. Behaviour
+log-probs are recorded at sampling time exactly as vLLM reports them (temperature-scaled), so
+the first GSPO ratio of every step is 1 up to float round-off: a live train/inference drift check.
+
+Each data-parallel rank samples its own share of the prompts; TP ranks sample identical tokens
+(same generator seed, gathered logits). Pipeline parallelism is not supported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from megatron_apriel.parallel.groups import ParallelContext
+from megatron_apriel.rewards import group_advantages, is_zero_advantage_group
+from megatron_apriel.trainer.batch import TrainSample
+
+
+@dataclass
+class LocalRolloutConfig:
+    prompts_per_step: int = 8
+    """Prompts per optimizer step (over all DP ranks); each gets ``group_size`` completions."""
+    group_size: int = 4
+    prompt_len: int = 6
+    max_new_tokens: int = 12
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError("rollout.local.group_size must be >= 2 (advantages compare a group's rollouts).")
+        if min(self.prompts_per_step, self.prompt_len, self.max_new_tokens) < 1:
+            raise ValueError("rollout.local.prompts_per_step, prompt_len and max_new_tokens must be >= 1.")
+
+
+def lower_half_reward(completion: list[int], vocab_size: int) -> float:
+    return sum(t < vocab_size // 2 for t in completion) / max(len(completion), 1)
+
+
+class LocalRolloutSource:
+    def __init__(self, cfg: LocalRolloutConfig, model, ctx: ParallelContext, vocab_size: int, temperature: float,
+                 advantage_mode: str, filter_zero_advantage: bool):
+        if ctx.dims.pp > 1:
+            raise ValueError("rollout.source=local samples with the trainer model and needs parallel.pp=1.")
+        if cfg.prompts_per_step < ctx.dims.dp:
+            raise ValueError(f"rollout.local.prompts_per_step={cfg.prompts_per_step} < dp={ctx.dims.dp}: every "
+                             "data-parallel rank needs at least one prompt.")
+        self.cfg, self.model, self.ctx = cfg, model, ctx
+        self.vocab_size, self.temperature = vocab_size, temperature
+        self.advantage_mode, self.filter_zero_advantage = advantage_mode, filter_zero_advantage
+
+    def _generator(self, step: int, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed(hash((self.cfg.seed, step, index)) % (2**63))
+
+    def _next_token_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        logits = self.model(tokens, positions, None)[:, -1, :].float()  # [G, V/tp]
+        if self.ctx.dims.tp > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.ctx.dims.tp)]
+            dist.all_gather(parts, logits, group=self.ctx.pgs.tp)
+            logits = torch.cat(parts, dim=-1)
+        return logits[:, : self.vocab_size].cpu()
+
+    @torch.no_grad()
+    def sample_group(self, prompt: list[int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``G`` completions of one prompt: tokens ``[G, P + T]`` and behaviour log-probs ``[G, T]``."""
+        tokens = torch.tensor(prompt).repeat(self.cfg.group_size, 1)
+        logps = []
+        for _ in range(self.cfg.max_new_tokens):
+            logp_all = torch.log_softmax(self._next_token_logits(tokens.to(self.ctx.device)) / self.temperature, -1)
+            nxt = torch.multinomial(logp_all.exp(), 1, generator=gen)  # [G, 1]
+            logps.append(logp_all.gather(-1, nxt))
+            tokens = torch.cat([tokens, nxt], dim=1)
+        return tokens, torch.cat(logps, dim=1)
+
+    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
+        """This DP rank's samples for ``step`` and the step's rollout metrics (over all ranks)."""
+        was_training = self.model.training
+        self.model.eval()
+        samples, rewards, kept = [], [], 0
+        for index in range(self.ctx.dp_rank, self.cfg.prompts_per_step, self.ctx.dims.dp):
+            gen = self._generator(step, index)
+            prompt = torch.randint(0, self.vocab_size, (self.cfg.prompt_len,), generator=gen).tolist()
+            tokens, logps = self.sample_group(prompt, gen)
+            group_rewards = [lower_half_reward(t[len(prompt):].tolist(), self.vocab_size) for t in tokens]
+            rewards += group_rewards
+            adv = group_advantages(group_rewards, mode=self.advantage_mode)
+            if self.filter_zero_advantage and is_zero_advantage_group(adv):
+                continue
+            kept += 1
+            samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a)) for t, lp, a in zip(tokens, logps, adv)]
+        self.model.train(was_training)
+        totals = torch.tensor([sum(rewards), len(rewards), kept], dtype=torch.float64)
+        if self.ctx.dims.dp > 1:
+            dist.all_reduce(totals, group=self.ctx.pgs.dp)
+        groups = totals[1].item() / self.cfg.group_size
+        return samples, {"rollout/reward": totals[0].item() / totals[1].item(),
+                         "rollout/groups_filtered": groups - totals[2].item()}
