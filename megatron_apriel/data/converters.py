@@ -1,0 +1,139 @@
+"""Converters from the source formats the paper used to Problem records (RECIPE.md section 6).
+
+Each converter takes one source row (a dict as found in the source file) and its index, and
+returns a Problem, or raises `SkipRow` for rows the recipe leaves out (the reason is counted by
+`tools/prepare_data.py`). A row that does not have the source format raises ValueError.
+
+Source formats:
+- orz: Open-Reasoner-Zero `orz_math_*.json`, a JSON list whose items are
+  `[{"from": "human", "value": Q}, {"from": "assistant", "ground_truth": {"value": A}}]`.
+- taco / apps: `question`, `input_output` (JSON text: `inputs`, `outputs`, optional `fn_name`),
+  `starter_code`, `difficulty` (TACO's VERY_HARD is skipped); at most `max_tests` tests are kept.
+- i3_logic: PrimeIntellect/INTELLECT-3-RL `logic` config: `question`, `info` (JSON text with
+  `task` and `game_data_str`, itself JSON text holding the `answer`).
+- if_multi: allenai/IF_multi_constraints_upto5: `key`, `messages`, `ground_truth` (text of a
+  one-element list `[{"instruction_id": [...], "kwargs": [...]}]`, JSON or Python literal).
+- bfcl: BFCL v4 question rows (`id`, `question` = list of turns of messages, `function`) joined
+  with the possible-answer rows (`id`, `ground_truth`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any, Callable
+
+from megatron_apriel.rollout.types import Problem
+from megatron_apriel.verifiers.ifeval import SUPPORTED_INSTRUCTIONS
+from megatron_apriel.verifiers.logic import I3_SKIPPED_TASKS
+
+MATH_SUFFIX = "\n\nPut your final answer within \\boxed{}."
+CODE_SUFFIX = "\n\nWrite a Python 3 solution in a single ```python code block."
+
+
+class SkipRow(Exception):
+    """The row is valid but excluded by the recipe; the message is the reason."""
+
+
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def convert_orz(item: Any, index: int) -> Problem:
+    if not (isinstance(item, list) and len(item) >= 2 and item[0].get("from") == "human"):
+        raise ValueError("an ORZ item is [{'from': 'human', 'value': ...}, {'from': 'assistant', 'ground_truth': ...}]")
+    answer = item[1]["ground_truth"]["value"]
+    if not str(answer).strip():
+        raise SkipRow("empty answer")
+    return Problem(id=f"orz-{index}", domain="math", prompt=_user(item[0]["value"] + MATH_SUFFIX),
+                   reference=str(answer), metadata={"source": "orz"})
+
+
+def _taco_like(row: dict, index: int, source: str, max_tests: int) -> Problem:
+    if str(row.get("difficulty", "")).upper() == "VERY_HARD":
+        raise SkipRow("difficulty VERY_HARD")
+    if not row.get("input_output"):
+        raise SkipRow("no tests")
+    io = json.loads(row["input_output"])
+    inputs, outputs, fn_name = io.get("inputs", []), io.get("outputs", []), io.get("fn_name")
+    if not inputs or len(inputs) != len(outputs):
+        raise SkipRow("no tests or inputs/outputs of different lengths")
+    tests = []
+    for x, y in list(zip(inputs, outputs))[:max_tests]:
+        if fn_name:
+            # APPS/TACO wrap a call's return value in a one-element list.
+            tests.append({"input": x, "output": y[0] if isinstance(y, list) and len(y) == 1 else y})
+        else:
+            tests.append({"input": x if isinstance(x, str) else "\n".join(x),
+                          "output": y if isinstance(y, str) else "\n".join(y)})
+    prompt = row["question"]
+    if row.get("starter_code"):
+        prompt += f"\n\nStart from:\n```python\n{row['starter_code']}\n```"
+    reference = {"tests": tests, **({"fn_name": fn_name} if fn_name else {})}
+    pid = row.get("problem_id", index)
+    return Problem(id=f"{source}-{pid}", domain="code", prompt=_user(prompt + CODE_SUFFIX), reference=reference,
+                   metadata={"source": source, "difficulty": row.get("difficulty")})
+
+
+def convert_taco(row: dict, index: int, max_tests: int = 5) -> Problem:
+    return _taco_like(row, index, "taco", max_tests)
+
+
+def convert_apps(row: dict, index: int, max_tests: int = 5) -> Problem:
+    return _taco_like(row, index, "apps", max_tests)
+
+
+def convert_i3_logic(row: dict, index: int) -> Problem:
+    info = json.loads(row["info"])
+    task = info["task"]
+    if task in I3_SKIPPED_TASKS:
+        raise SkipRow(f"task {task} is skipped by the recipe")
+    game_data = info.get("game_data_str") or info.get("game_data")
+    if isinstance(game_data, str):
+        game_data = json.loads(game_data)
+    if not isinstance(game_data, dict) or game_data.get("answer") in (None, ""):
+        raise SkipRow(f"task {task}: no answer in game_data")
+    reference = {"source": "i3_logic", "task": task, "answer": str(game_data["answer"]), "game_data": game_data}
+    metadata = {"source": "intellect3_logic", "task": task,
+                "difficulty": row.get("avg@16_qwen3_4b_instruct_2507")}
+    return Problem(id=f"i3logic-{index}", domain="logic", prompt=_user(row["question"]), reference=reference,
+                   metadata=metadata)
+
+
+def _literal(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return ast.literal_eval(text)
+
+
+def convert_if_multi(row: dict, index: int) -> Problem:
+    truth = _literal(row["ground_truth"]) if isinstance(row["ground_truth"], str) else row["ground_truth"]
+    truth = truth[0] if isinstance(truth, list) else truth
+    ids = list(truth["instruction_id"])
+    kwargs = [{k: v for k, v in (kw or {}).items() if v is not None} for kw in truth["kwargs"]]
+    unsupported = sorted(set(ids) - SUPPORTED_INSTRUCTIONS)
+    if unsupported:
+        raise SkipRow(f"unsupported instructions {unsupported}")
+    messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+    return Problem(id=f"ifmulti-{row.get('key', index)}", domain="ifeval", prompt=messages,
+                   reference={"instruction_id_list": ids, "kwargs": kwargs},
+                   metadata={"source": "IF_multi_constraints_upto5"})
+
+
+def convert_bfcl(row: dict, index: int, answers: dict[str, Any]) -> Problem:
+    if row["id"] not in answers:
+        raise SkipRow(f"{row['id']}: no possible answer (not an AST-checkable category)")
+    turns = row["question"]
+    if len(turns) != 1:
+        raise SkipRow(f"{row['id']}: multi-turn")
+    messages = [{"role": m["role"], "content": m["content"]} for m in turns[0]]
+    reference = {"ground_truth": answers[row["id"]], "functions": row["function"]}
+    return Problem(id=f"bfcl-{row['id']}", domain="function_calling", prompt=messages, reference=reference,
+                   metadata={"source": "bfcl_v4", "category": row["id"].rsplit("_", 1)[0], "tools": row["function"]})
+
+
+CONVERTERS: dict[str, Callable[..., Problem]] = {
+    "orz": convert_orz, "taco": convert_taco, "apps": convert_apps, "i3_logic": convert_i3_logic,
+    "if_multi": convert_if_multi, "bfcl": convert_bfcl,
+}
