@@ -19,9 +19,15 @@ setup(
         "transformers>=4.45",
         "tensorboard",
         "tqdm",
+        "httpx>=0.27,<1",
+        "datasets>=3.0",
+        # verifiers; hydra pins antlr 4.9.3, hence math-verify's matching extra
+        "math-verify[antlr4-9-3]>=0.9,<0.10",
+        "if-verifiable>=0.1.2,<0.2",
+        "reasoning-gym>=0.1.25,<0.2",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        "test": ["pytest>=8", "matplotlib>=3.8"],
         "gpu": ["transformer-engine[pytorch]", "apex", "vllm"],
     },
     entry_points={

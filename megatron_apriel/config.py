@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from megatron_apriel.model.provider import ModelConfig
 from megatron_apriel.model.wrap import OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
+from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.local import LocalRolloutConfig
 from megatron_apriel.trainer.loss import LossConfig
 
@@ -44,17 +45,11 @@ class RolloutConfig:
     source: str = "local"
     """Where rollouts come from. local: the trainer samples from its own model (toy reward, CPU
     runs and tests). The vLLM fleet source arrives with the actor."""
-    advantage_mode: str = "loo"
-    """loo (r_i - mean of the others, the recipe) or group_norm ((r - mean) / (std + eps))."""
-    filter_zero_advantage_groups: bool = True
-    """Dynamic sampling: drop groups whose advantages are all zero."""
     local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
 
     def __post_init__(self) -> None:
         if self.source not in ROLLOUT_SOURCES:
             raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {ROLLOUT_SOURCES}.")
-        if self.advantage_mode not in ("loo", "group_norm"):
-            raise ValueError(f"rollout.advantage_mode must be loo or group_norm, got {self.advantage_mode!r}.")
 
 
 @dataclass
@@ -79,6 +74,7 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 

@@ -8,14 +8,14 @@ calls `shape_group_rewards` once the whole group has finished, then `group_advan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
-AdvantageMode = Literal["loo", "group_norm"]
+ADVANTAGE_MODES = ("loo", "group_norm")
 
 
-@dataclass(frozen=True)
+@dataclass
 class RewardConfig:
     """Reward shaping, advantages and group filters of the recipe."""
 
@@ -34,7 +34,7 @@ class RewardConfig:
     failure_scale: float = 1.0
     """DAP lambda_f: the scale of the length penalty on incorrect rollouts."""
 
-    advantage_mode: AdvantageMode = "loo"
+    advantage_mode: str = "loo"
     """'loo': r_i - mean_{j != i} r_j (no std division, the recipe); 'group_norm': (r - mean)/(std + eps)."""
 
     advantage_eps: float = 1e-4
@@ -46,8 +46,6 @@ class RewardConfig:
     zero_advantage_tol: float = 1e-6
     """|A| at or below this counts as zero for the filter."""
 
-    overlong_filtering: bool = True
-    """Give truncated rollouts zero loss weight (they still shift their group's baseline)."""
 
     def __post_init__(self) -> None:
         if self.max_len <= 0:
@@ -116,7 +114,7 @@ def shape_group_rewards(config: RewardConfig, rewards: Sequence[float], lengths:
     return [float(r) + length_penalty(l, config.max_len, config.buffer) for r, l in zip(rewards, lengths)]
 
 
-def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "loo", eps: float = 1e-4) -> list[float]:
+def group_advantages(rewards: Sequence[float], mode: str = "loo", eps: float = 1e-4) -> list[float]:
     """Advantages of one group of G >= 2 rewards.
 
     'loo' (leave-one-out, the recipe): A_i = r_i - mean_{j != i} r_j, no std division.
@@ -136,11 +134,6 @@ def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "loo", eps:
 def is_zero_advantage_group(advantages: Sequence[float], tol: float = 1e-6) -> bool:
     """True when every |A_i| <= tol: the group carries no signal and dynamic sampling drops it."""
     return all(abs(a) <= tol for a in advantages)
-
-
-def overlong_loss_mask(truncated: Sequence[bool], enabled: bool = True) -> list[float]:
-    """Per-rollout loss weight m_i: 0 for truncated rollouts when overlong filtering is on, else 1."""
-    return [0.0 if (enabled and t) else 1.0 for t in truncated]
 
 
 def _check_same_length(**seqs: Sequence) -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.rewards import group_advantages, is_zero_advantage_group
+from megatron_apriel.rewards import RewardConfig, group_advantages, is_zero_advantage_group
 from megatron_apriel.trainer.batch import TrainSample
 
 
@@ -45,7 +45,7 @@ def lower_half_reward(completion: list[int], vocab_size: int) -> float:
 
 class LocalRolloutSource:
     def __init__(self, cfg: LocalRolloutConfig, model, ctx: ParallelContext, vocab_size: int, temperature: float,
-                 advantage_mode: str, filter_zero_advantage: bool):
+                 rewards: RewardConfig):
         if ctx.dims.pp > 1:
             raise ValueError("rollout.source=local samples with the trainer model and needs parallel.pp=1.")
         if cfg.prompts_per_step < ctx.dims.dp:
@@ -53,7 +53,7 @@ class LocalRolloutSource:
                              "data-parallel rank needs at least one prompt.")
         self.cfg, self.model, self.ctx = cfg, model, ctx
         self.vocab_size, self.temperature = vocab_size, temperature
-        self.advantage_mode, self.filter_zero_advantage = advantage_mode, filter_zero_advantage
+        self.rewards = rewards
 
     def _generator(self, step: int, index: int) -> torch.Generator:
         return torch.Generator().manual_seed(hash((self.cfg.seed, step, index)) % (2**63))
@@ -90,8 +90,8 @@ class LocalRolloutSource:
             tokens, logps = self.sample_group(prompt, gen)
             group_rewards = [lower_half_reward(t[len(prompt):].tolist(), self.vocab_size) for t in tokens]
             rewards += group_rewards
-            adv = group_advantages(group_rewards, mode=self.advantage_mode)
-            if self.filter_zero_advantage and is_zero_advantage_group(adv):
+            adv = group_advantages(group_rewards, mode=self.rewards.advantage_mode, eps=self.rewards.advantage_eps)
+            if self.rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, self.rewards.zero_advantage_tol):
                 continue
             kept += 1
             samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a)) for t, lp, a in zip(tokens, logps, adv)]

@@ -27,9 +27,8 @@ class Trainer:
         self.step = 0
 
     def _build_source(self):
-        r = self.cfg.rollout
-        return LocalRolloutSource(r.local, self.chunks[0], self.ctx, self.arch.vocab_size, self.cfg.loss.temperature,
-                                  r.advantage_mode, r.filter_zero_advantage_groups)
+        return LocalRolloutSource(self.cfg.rollout.local, self.chunks[0], self.ctx, self.arch.vocab_size,
+                                  self.cfg.loss.temperature, self.cfg.rewards)
 
     def microbatches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         t = self.cfg.trainer

@@ -2,7 +2,7 @@ import pytest
 
 from megatron_apriel.rewards import (RewardConfig, difficulty_aware_rewards, group_advantages,
                                      group_solve_rate, is_zero_advantage_group, length_penalty,
-                                     overlong_loss_mask, shape_group_rewards)
+                                     shape_group_rewards)
 
 L, B = 100, 20  # penalty zone (80, 100]
 
@@ -71,12 +71,10 @@ def test_advantages_loo_and_group_norm_by_hand():
         group_advantages(r, "bogus")
 
 
-def test_zero_advantage_filter_and_overlong_mask():
+def test_zero_advantage_filter():
     assert is_zero_advantage_group(group_advantages([1.0] * 8))
     assert is_zero_advantage_group(group_advantages([0.0] * 8))
     assert not is_zero_advantage_group(group_advantages([1.0] + [0.0] * 7))
-    assert overlong_loss_mask([True, False]) == [0.0, 1.0]
-    assert overlong_loss_mask([True, False], enabled=False) == [1.0, 1.0]
 
 
 def test_shape_group_rewards_switches_dap():
