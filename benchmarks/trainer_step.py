@@ -1,0 +1,138 @@
+"""Tokens/s of one GSPO optimizer step (TP=1, TP=2, PP=2, DP=2) vs a plain forward/backward.
+
+    python benchmarks/trainer_step.py [--hidden 256 --layers 4 --seqs 32 --seq-len 256 --steps 5]
+
+Baseline: the same Megatron GPTModel in one process, called directly (no DDP, no schedule, no
+optimizer), loss = sum of token log-probs, forward + backward. Ours: ``train_step`` (Megatron
+schedule, our vocab-parallel log-probs, GSPO loss, DDP grad reduction, distributed Adam, clip) on
+packed rows, in each layout over 2 gloo ranks on this machine (1 rank for TP=1/DP=1). The ratio is
+ours / baseline tokens per second of the whole machine; every number comes from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--seqs", type=int, default=32, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (prompt 32 + completion)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (after one warm-up step)")
+    p.add_argument("--worker", choices=["plain", "ours"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _arch(a):
+    from megatron_apriel.model import ModelArch
+
+    return ModelArch(family="llama", vocab_size=a.vocab, hidden_size=a.hidden, ffn_hidden_size=4 * a.hidden,
+                     num_layers=a.layers, num_heads=8, num_kv_heads=4, head_dim=a.hidden // 8)
+
+
+def _samples(a):
+    import torch
+
+    from megatron_apriel.trainer.batch import TrainSample
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(a.seqs):
+        toks = torch.randint(0, a.vocab, (a.seq_len,), generator=g).tolist()
+        out.append(TrainSample(toks, 32, [-8.3] * (a.seq_len - 32), advantage=float(i % 3 - 1)))
+    return out
+
+
+def _timed(fn, steps):
+    fn()  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def worker_plain(a):
+    import torch
+
+    from megatron_apriel.model import ModelConfig, build_model
+    from megatron_apriel.parallel import ParallelConfig, init_parallel
+    from megatron_apriel.trainer.batch import packed_microbatches
+
+    ctx = init_parallel(ParallelConfig())
+    model = build_model(ModelConfig(arch=_arch(a)), ctx)
+    mbs = packed_microbatches(_samples(a), list(range(a.seqs)), a.seq_len)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        for mb in mbs:
+            logits = model(mb.tokens, mb.position_ids, None, packed_seq_params=mb.packed_seq_params())
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, mb.labels.unsqueeze(-1)).squeeze(-1)
+            (logp * mb.loss_mask).sum().backward()
+
+    return _timed(step, a.steps)
+
+
+def worker_ours(a):
+    from megatron_apriel.model import ModelConfig, build_model
+    from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model
+    from megatron_apriel.parallel import ParallelConfig, init_parallel
+    from megatron_apriel.trainer.batch import packed_microbatches, split_for_data_parallel
+    from megatron_apriel.trainer.loss import LossConfig
+    from megatron_apriel.trainer.step import train_step
+
+    ctx = init_parallel(ParallelConfig(tp=a.tp, pp=a.pp))
+    chunks = wrap_model(build_model(ModelConfig(arch=_arch(a)), ctx), ctx)
+    optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-5, warmup_steps=0), ctx, total_steps=100)
+    mine, ids = split_for_data_parallel(_samples(a), ctx.dims.dp, ctx.dp_rank)
+    mbs = packed_microbatches(mine, ids, a.seq_len)
+    return _timed(lambda: train_step(chunks, optimizer, scheduler, mbs, ctx, LossConfig(), a.vocab), a.steps)
+
+
+def _run_worker(a, kind, nproc, tp=1, pp=1, port=29561):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
+           __file__, "--worker", kind, "--tp", str(tp), "--pp", str(pp), "--hidden", str(a.hidden),
+           "--layers", str(a.layers), "--vocab", str(a.vocab), "--seqs", str(a.seqs), "--seq-len", str(a.seq_len),
+           "--steps", str(a.steps)]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{kind} tp={tp} pp={pp} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return max(json.loads(ln[7:])["seconds"] for ln in lines)  # the slowest rank bounds the step
+
+
+def main(argv=None):
+    a = _args(argv)
+    if a.worker:
+        seconds = worker_plain(a) if a.worker == "plain" else worker_ours(a)
+        print("RESULT " + json.dumps({"seconds": seconds}), flush=True)
+        return
+    tokens = a.seqs * a.seq_len
+    base = _run_worker(a, "plain", 1)
+    print(f"model: hidden {a.hidden}, {a.layers} layers, vocab {a.vocab}; step = {a.seqs} x {a.seq_len} tokens")
+    print(f"{'layout':<22}{'s/step':>9}{'tokens/s':>11}{'vs plain':>10}")
+    print(f"{'plain fwd+bwd (1 proc)':<22}{base:>9.3f}{tokens / base:>11.0f}{1.0:>10.2f}")
+    for name, nproc, tp, pp in [("ours TP1 (1 proc)", 1, 1, 1), ("ours DP2", 2, 1, 1), ("ours TP2", 2, 2, 1),
+                                ("ours PP2", 2, 1, 2)]:
+        s = _run_worker(a, "ours", nproc, tp, pp)
+        print(f"{name:<22}{s:>9.3f}{tokens / s:>11.0f}{base / s:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
