@@ -28,7 +28,9 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "matplotlib>=3.8"],
-        "gpu": ["transformer-engine[pytorch]", "apex", "vllm"],
+        # NVIDIA Apex is not on PyPI (the "apex" there is another project): build it from
+        # github.com/NVIDIA/apex if wanted; Megatron falls back to torch kernels without it.
+        "gpu": ["transformer-engine[pytorch]", "vllm"],
     },
     entry_points={
         "console_scripts": [

@@ -39,6 +39,9 @@ class ModelConfig:
     """delayed, tensorwise, blockwise or mxfp8 (TE scaling recipe; mxfp8 needs Blackwell)."""
     make_vocab_size_divisible_by: int = 128
     """The embedding is padded to a multiple of this times tp; padded logits are masked in the loss."""
+    fp32_lm_head: bool = False
+    """Compute the output projection (logits) in fp32 from the bf16 weights, as the rollout engine
+    can; keeps train/inference log-prob drift down in bf16 runs. A no-op in fp32."""
     recompute: Optional[str] = None
     """Activation recomputation: null, selective or full (full recomputes every layer)."""
     init_std: float = 0.02
@@ -171,4 +174,18 @@ def build_model(cfg: ModelConfig, ctx: ParallelContext):
         rotary_base=arch.rope_theta,
         pg_collection=ctx.pgs,
     )
+    if cfg.fp32_lm_head and model.post_process:
+        _compute_in_fp32(model.output_layer)
     return model.to(ctx.device)
+
+
+def _compute_in_fp32(linear) -> None:
+    """Make a (column-parallel) linear layer multiply in fp32; its weight stays in its dtype and
+    receives gradients in that dtype through the cast."""
+    forward = linear.forward
+
+    def fp32_forward(input_, weight=None, **kwargs):
+        weight = linear.weight if weight is None else weight
+        return forward(input_.float(), weight=weight.float(), **kwargs)
+
+    linear.forward = fp32_forward

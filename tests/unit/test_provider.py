@@ -1,0 +1,36 @@
+"""Model provider on one CPU rank: fp32 LM head in a bf16 model."""
+
+import os
+
+import pytest
+import torch
+
+from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
+    ctx = init_parallel(ParallelConfig())
+    yield ctx
+    destroy_parallel()
+
+
+def test_fp32_lm_head_multiplies_in_fp32_and_trains_the_bf16_weight(ctx):
+    model = build_model(ModelConfig(arch=ModelArch(), precision="bf16", fp32_lm_head=True), ctx)
+    seen = {}
+    model.output_layer.register_forward_pre_hook(lambda mod, args: seen.setdefault("hidden", args[0].detach()))
+    ids = torch.randint(0, 512, (2, 8))
+    logits = model(ids, torch.arange(8).expand(2, 8), None)
+    assert logits.dtype == torch.float32 and model.output_layer.weight.dtype == torch.bfloat16
+    expected = torch.nn.functional.linear(seen["hidden"].float(), model.output_layer.weight.float())
+    torch.testing.assert_close(logits, expected.transpose(0, 1))
+    logits.sum().backward()
+    grad = model.output_layer.weight.grad
+    assert grad is not None and grad.dtype == torch.bfloat16 and grad.abs().sum() > 0
+
+
+def test_bf16_logits_without_the_option(ctx):
+    model = build_model(ModelConfig(arch=ModelArch(), precision="bf16"), ctx)
+    assert model(torch.randint(0, 512, (1, 4)), torch.arange(4)[None], None).dtype == torch.bfloat16
