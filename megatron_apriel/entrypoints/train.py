@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -38,6 +39,9 @@ def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[%(asctime)s rank{rank}] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("megatron").setLevel(logging.WARNING)  # Megatron logs every config at INFO
+    # Expected on CPU: Megatron announces each torch fallback for the absent Apex/TE kernels.
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed.*")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
 def run_trainer(run: RunConfig, raw: DictConfig) -> None:
