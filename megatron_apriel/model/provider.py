@@ -102,6 +102,11 @@ def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
     from megatron.core.transformer import TransformerConfig
 
     impl = resolve_impl(cfg)
+    if ctx.sequence_parallel and impl != "transformer_engine":
+        raise ValueError(
+            "parallel.sequence_parallel=true needs the Transformer Engine layer spec (the local spec's torch "
+            "norms do not support it); set parallel.sequence_parallel=false on this machine."
+        )
     dtype = resolve_dtype(cfg)
     ctx.dims.check_model(num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads)
     on_gpu = ctx.device.type == "cuda"

@@ -34,3 +34,10 @@ def test_fp32_lm_head_multiplies_in_fp32_and_trains_the_bf16_weight(ctx):
 def test_bf16_logits_without_the_option(ctx):
     model = build_model(ModelConfig(arch=ModelArch(), precision="bf16"), ctx)
     assert model(torch.randint(0, 512, (1, 4)), torch.arange(4)[None], None).dtype == torch.bfloat16
+
+
+def test_sequence_parallel_needs_transformer_engine(ctx):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="sequence_parallel=true needs the Transformer Engine"):
+        build_model(ModelConfig(arch=ModelArch()), dataclasses.replace(ctx, sequence_parallel=True))
