@@ -19,6 +19,8 @@ setup(
         "transformers>=4.45",
         "tensorboard",
         "tqdm",
+        # Megatron's checkpoint writer needs it; without it the forked writers die and save hangs.
+        "psutil",
         "httpx>=0.27,<1",
         "datasets>=3.0",
         # verifiers; hydra pins antlr 4.9.3, hence math-verify's matching extra
@@ -35,6 +37,8 @@ setup(
     entry_points={
         "console_scripts": [
             "apriel-train=megatron_apriel.entrypoints.train:main",
+            "apriel-convert=megatron_apriel.entrypoints.convert:main",
+            "apriel-serve=megatron_apriel.entrypoints.serve:main",
         ],
     },
 )

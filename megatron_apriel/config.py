@@ -18,6 +18,7 @@ from megatron_apriel.model.wrap import OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.local import LocalRolloutConfig
+from megatron_apriel.trainer.checkpoint import CheckpointConfig
 from megatron_apriel.trainer.loss import LossConfig
 
 ROLLOUT_SOURCES = ("local",)
@@ -75,6 +76,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
 
 

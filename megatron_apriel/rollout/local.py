@@ -79,6 +79,14 @@ class LocalRolloutSource:
             tokens = torch.cat([tokens, nxt], dim=1)
         return tokens, torch.cat(logps, dim=1)
 
+    def state_dict(self) -> dict:
+        """Nothing to save: a step's prompts and samples derive from (seed, step, prompt index)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"the local rollout source keeps no state, got {sorted(state)}.")
+
     def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
         """This DP rank's samples for ``step`` and the step's rollout metrics (over all ranks)."""
         was_training = self.model.training

@@ -8,3 +8,11 @@ def make_problem(domain, reference, prompt="solve", pid="t"):
 def apriel(answer: str, reasoning: str = "Here are my reasoning steps:\nthinking...") -> str:
     """A completion in Apriel's output format."""
     return f"{reasoning}\n[BEGIN FINAL RESPONSE]\n{answer}\n[END FINAL RESPONSE]"
+
+
+def launcher_env() -> dict:
+    """The environment of a user's shell: no rendezvous variables from an enclosing launcher."""
+    import os
+
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    return dict({k: v for k, v in os.environ.items() if k not in drop}, PYTHONWARNINGS="ignore")

@@ -9,12 +9,22 @@ from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 
 
+RENDEZVOUS = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29583"}
+
+
 @pytest.fixture(scope="module")
 def ctx():
-    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29583")
-    ctx = init_parallel(ParallelConfig())
-    yield ctx
-    destroy_parallel()
+    saved = {k: os.environ.get(k) for k in RENDEZVOUS}
+    os.environ.update(RENDEZVOUS)
+    try:
+        yield init_parallel(ParallelConfig())
+    finally:
+        destroy_parallel()
+        for k, v in saved.items():  # later tests spawn launchers that must not think they are rank 0
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def test_fp32_lm_head_multiplies_in_fp32_and_trains_the_bf16_weight(ctx):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.unit.conftest import launcher_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -23,7 +24,7 @@ def run_dir(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     proc = subprocess.run([exe, "--config-name", "tiny_cpu", f"run_dir={run_dir}", "launch.master_port=29533"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path_factory.getbasetemp(),
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                          env=launcher_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return run_dir
 

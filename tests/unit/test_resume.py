@@ -1,0 +1,85 @@
+"""Exact resume: N steps, stop, resume to N+M == N+M uninterrupted; a stop signal saves and exits."""
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from tests.unit.conftest import launcher_env
+
+COMMON = ["--config-name", "tiny_cpu", "optim.decay_steps=4", "checkpoint.save_every=2", "checkpoint.keep_last=0"]
+
+
+def train(run_dir: Path, steps: int, port: int, *extra: str) -> None:
+    cmd = [shutil.which("apriel-train"), *COMMON, f"run_dir={run_dir}", f"trainer.steps={steps}",
+           f"launch.master_port={port}", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=launcher_env(), cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def checkpoint_tensors(run_dir: Path, step: int, tmp: Path) -> dict:
+    out = tmp / f"{run_dir.name}_{step}.pt"
+    dcp_to_torch_save(run_dir / "checkpoints" / f"step_{step:08d}" / "dist", out)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    straight, resumed = root / "straight", root / "resumed"
+    train(straight, 4, 29541)
+    train(resumed, 2, 29542)  # "preempted" after step 2 (same LR schedule: decay over 4 steps)
+    assert sorted(p.name for p in (resumed / "checkpoints").glob("step_*")) == ["step_00000002"]
+    train(resumed, 4, 29543)  # picks up step_00000002 by itself
+    return root, straight, resumed
+
+
+def test_resumed_run_ends_with_identical_weights_and_optimizer_state(runs):
+    root, straight, resumed = runs
+    a, b = checkpoint_tensors(straight, 4, root), checkpoint_tensors(resumed, 4, root)
+    assert a.keys() == b.keys()
+    tensors = [k for k, v in a.items() if torch.is_tensor(v)]
+    assert any("exp_avg" in k for k in tensors) and any("linear_qkv.weight" in k for k in tensors)
+    for k in tensors:
+        assert torch.equal(a[k], b[k]), k
+    # and training did move the weights between the two checkpoints
+    mid = checkpoint_tensors(straight, 2, root)
+    assert not torch.equal(mid["embedding.word_embeddings.weight"], a["embedding.word_embeddings.weight"])
+
+
+def test_incomplete_checkpoint_is_never_resumed(runs, tmp_path):
+    _, straight, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    (run / "checkpoints" / "latest").write_text("step_00000006")  # names a checkpoint that never completed
+    from megatron_apriel.trainer.checkpoint import latest_checkpoint
+
+    with pytest.raises(FileNotFoundError, match="incomplete or missing"):
+        latest_checkpoint(run / "checkpoints")
+
+
+def test_stop_signal_saves_and_exits_cleanly(tmp_path):
+    run = tmp_path / "signalled"
+    cmd = [shutil.which("apriel-train"), *COMMON, f"run_dir={run}", "trainer.steps=1000", "checkpoint.save_every=0",
+           "launch.master_port=29544"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=launcher_env(),
+                            cwd=tmp_path)
+    deadline = time.time() + 300
+    for line in proc.stdout:  # wait until training is under way
+        if "step 2 |" in line or time.time() > deadline:
+            break
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if "entrypoints.train" in " ".join(p.cmdline())]
+    assert len(ranks) == 2
+    for p in ranks:  # what SLURM's --signal=USR1@<s> does: signal every task
+        p.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-4000:]
+    saved = sorted((run / "checkpoints").glob("step_*"))
+    assert len(saved) == 1 and 3 <= int(saved[0].name.split("_")[1]) < 1000
+    assert (run / "checkpoints" / "latest").read_text() == saved[0].name
