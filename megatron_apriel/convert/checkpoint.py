@@ -24,6 +24,7 @@ from tqdm import tqdm
 from megatron_apriel.convert import mcore_io
 from megatron_apriel.convert.hf_config import copy_support_files, hf_config_from_arch
 from megatron_apriel.convert.hf_io import HFReader, ShardedWriter
+from megatron_apriel.convert.transforms import pad_vocab
 from megatron_apriel.convert.mapping import (LAYOUTS, HFLayout, canonical_to_hf, detect_layout,
                                              expected_hf_shapes, hf_to_canonical, megatron_names)
 from megatron_apriel.model.arch import ModelArch
@@ -135,8 +136,7 @@ def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progr
                 hf_part = {n: reader.get(layout.to_checkpoint(n)) for n in expected_hf_shapes(arch, layer)}
                 part = hf_to_canonical(hf_part, arch)
                 for name in set(part) & set(_VOCAB_TENSORS):
-                    part[name] = torch.cat([part[name], part[name].new_zeros(padded - arch.vocab_size,
-                                                                             arch.hidden_size)])
+                    part[name] = pad_vocab(part[name], padded)  # no copy when no padding is needed
                 canonical.update(_stage(part, stage / f"{'top' if layer is None else layer}.pt"))
             if progress:
                 print(f"hf-to-mcore: writing the dist checkpoint ({len(canonical)} tensors)", flush=True)
