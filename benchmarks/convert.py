@@ -35,7 +35,8 @@ t0 = time.perf_counter()
 if sys.argv[1:]:
     main(sys.argv[1:] + ["--no-progress"])
 dt = time.perf_counter() - t0
-ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: ru_maxrss survives exec and would include the benchmark parent's memory
+ru = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
 ch = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print("RESULT", json.dumps({"seconds": dt, "peak_rss": ru, "children_peak_rss": ch}))
 """

@@ -134,6 +134,7 @@ def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progr
             canonical: dict[str, torch.Tensor] = {}
             for layer in tqdm(list(mcore_io.iter_layers(arch)), desc="hf-to-mcore: read", disable=not progress):
                 hf_part = {n: reader.get(layout.to_checkpoint(n)) for n in expected_hf_shapes(arch, layer)}
+                reader.close()  # unmap the shards read so far: their pages would stay in our RSS
                 part = hf_to_canonical(hf_part, arch)
                 for name in set(part) & set(_VOCAB_TENSORS):
                     part[name] = pad_vocab(part[name], padded)  # no copy when no padding is needed

@@ -100,7 +100,9 @@ class HFReader:
         return self._handles[name].get_tensor(key)
 
     def close(self) -> None:
+        """Unmap every open shard (reading again reopens them)."""
         self._stack.close()
+        self._stack = ExitStack()
         self._handles.clear()
 
     def __enter__(self) -> "HFReader":
