@@ -1,0 +1,2 @@
+"""Megatron <-> Hugging Face checkpoint conversion: a declarative table (mapping), pure tensor
+transforms, and streaming checkpoint I/O."""
