@@ -84,3 +84,12 @@ class StageWeights:
         for group in self.groups:
             for local, canonical, param in group:
                 self._gather(local, canonical, param)
+
+
+def table_to_hf(arch, layout=None) -> ToHF:
+    """``ToHF`` from the conversion table (``convert.mapping``), renamed into the served checkpoint's
+    key layout (plain causal LM by default; LLaVA-wrapped checkpoints such as Apriel need theirs)."""
+    from megatron_apriel.convert.mapping import LAYOUTS, canonical_to_hf
+
+    layout = layout or LAYOUTS["causal_lm"]
+    return lambda group: [(layout.to_checkpoint(k), v) for k, v in canonical_to_hf(group, arch).items()]
