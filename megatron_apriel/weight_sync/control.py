@@ -63,13 +63,20 @@ class WeightSyncControl:
     def update(self, request: UpdateRequest) -> dict[str, str]:
         """``/update_weights`` on every server; returns {server: reason} for those that rejected."""
         def one(server: str) -> Optional[str]:
-            response = self._http.post(server + "/update_weights", json={"update_info": request.model_dump()})
-            if response.status_code == 200:
-                return None
+            # vLLM's route lets the worker's exception escape: the answer is a 500 or, with some
+            # versions, a dropped connection. Either way the receiver's own status says why.
+            try:
+                response = self._http.post(server + "/update_weights", json={"update_info": request.model_dump()})
+                if response.status_code == 200:
+                    return None
+                answer = f"HTTP {response.status_code}: {response.text[:500]}"
+            except httpx.TransportError as err:
+                answer = f"{type(err).__name__}: {err}"
             result = self.status(server)
             if result is not None and result.version == request.version and not result.accepted:
                 return result.reason
-            return f"HTTP {response.status_code}: {response.text[:500]}"
+            raise ServerError(f"/update_weights on {server} failed ({answer}) and its receiver reports no "
+                              f"rejection of version {request.version}: the server may be down.")
 
         futures = {s: self._pool.submit(one, s) for s in self.servers}
         return {s: r for s, f in futures.items() if (r := f.result()) is not None}
@@ -82,7 +89,11 @@ class WeightSyncControl:
 
     def status(self, server: str) -> Optional[UpdateResult]:
         """The receiver's last ``UpdateResult`` (first worker), via ``/collective_rpc``."""
-        response = self._call(server, "POST", "/collective_rpc", json={"method": "apriel_weight_sync_status"})
+        # A fresh connection: after a failed update the pooled one may have been dropped by the server.
+        response = httpx.post(server + "/collective_rpc", json={"method": "apriel_weight_sync_status"},
+                              timeout=self._http.timeout)
+        if response.status_code != 200:
+            raise ServerError(f"/collective_rpc on {server} -> {response.status_code}: {response.text[:500]}")
         first = response.json()["results"][0]
         return None if first == "null" else UpdateResult.model_validate(json.loads(first))
 
