@@ -105,12 +105,13 @@ def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -
 
 class FleetClient:
     def __init__(self, servers: list[str], max_attempts: int = 8, cooldown_s: float = 2.0, timeout_s: float = 3600.0,
-                 max_connections: int = 512):
+                 max_connections: int = 512, transport: Optional[httpx.AsyncBaseTransport] = None):
         if not servers:
             raise ValueError("FleetClient needs at least one server URL.")
         self.servers = [_Server(s.rstrip("/")) for s in servers]
         self.max_attempts, self.cooldown_s = max_attempts, cooldown_s
-        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections))
+        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections),
+                                       transport=transport)
         self._rr = itertools.count()
 
     async def aclose(self) -> None:
