@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 PROTOCOL_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
-ChecksumAlgo = Literal["crc32", "wsum64"]
-"""crc32: zlib over host bytes (CPU buffers). wsum64: position-weighted int32 word sums, computed
-with torch on the buffer's own device (GPU buffers: no copy to the host)."""
+ChecksumAlgo = Literal["sum64", "crc32"]
+"""sum64: position-weighted 64-bit word sums, on the buffer's own device (host: numpy; GPU:
+torch, no copy to the host). crc32: zlib over host bytes, stronger and slower (CPU buffers only)."""
 
 
 class _Message(BaseModel):

@@ -31,7 +31,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -40,9 +39,9 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.protocol import StagePlan, TransferInit, UpdateRequest, UpdateResult
-from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group, recv_plan
+from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
+from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +51,6 @@ BACKENDS = {"gloo": "gloo", "apriel_nccl": "nccl"}
 
 class WeightUpdateRejected(RuntimeError):
     """The update was refused before touching the model; the previous weights keep serving."""
-
-
-@dataclass
-class _StageInbox:
-    plan: Optional[StagePlan] = None
-    wires: list[torch.Tensor] = field(default_factory=list)
-    bad_buckets: list[str] = field(default_factory=list)
 
 
 def expected_checkpoint_tensors(model_dir: str) -> Optional[dict[str, list[int]]]:
@@ -96,6 +88,8 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         self._started_at = 0.0
         self._broken: Optional[str] = None
         self._lock = threading.Lock()
+        self._staging: dict[int, dict] = {}
+        """Per stage group: reusable host staging buffers (bucket index -> buffer)."""
 
     # -- parsing: our messages are pydantic models, not vLLM dataclasses --
     def parse_init_info(self, init_dict):
@@ -129,23 +123,10 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         self._pool = ThreadPoolExecutor(max_workers=2 * len(self.groups), thread_name_prefix="apriel-recv")
         self._futures = [self._pool.submit(self._receive_stage, g) for g in self.groups]
 
-    def _receive_stage(self, group: StageGroup) -> _StageInbox:
-        inbox = _StageInbox(plan=recv_plan(group))
-        checks = []
-        for layout in inbox.plan.buckets:
-            wire = B.new_wire_buffer(layout, group.device)
-            group.broadcast(wire)
-            inbox.wires.append(wire)
-            checks.append(self._pool.submit(B.verify, wire, inbox.plan.checksum))
-        for layout, check in zip(inbox.plan.buckets, checks):
-            ok, expected, actual = check.result()
-            if not ok:
-                inbox.bad_buckets.append(f"stage {inbox.plan.stage} bucket {layout.index} "
-                                         f"(checksum {actual:#x} != sent {expected:#x})")
-        inbox.wires = [w.cpu() for w in inbox.wires]  # device buffers were verified in place; stage on host
-        return inbox
+    def _receive_stage(self, group: StageGroup) -> StageInbox:
+        return receive_stage(group, self._pool, self._staging.setdefault(id(group), {}))
 
-    def _collect(self, request: UpdateRequest) -> list[_StageInbox]:
+    def _collect(self, request: UpdateRequest) -> list[StageInbox]:
         timeout = self.init.timeout_s if self.init else None
         inboxes = []
         try:
@@ -160,7 +141,7 @@ class AprielWeightTransferEngine(WeightTransferEngine):
                 self._pool.shutdown(wait=False)
         return inboxes
 
-    def _check(self, request: UpdateRequest, inboxes: list[_StageInbox]) -> Optional[str]:
+    def _check(self, request: UpdateRequest, inboxes: list[StageInbox]) -> Optional[str]:
         stages = sorted(i.plan.stage for i in inboxes)
         if stages != list(range(request.num_stages)):
             return f"expected stages 0..{request.num_stages - 1}, received {stages}"
@@ -205,16 +186,11 @@ class AprielWeightTransferEngine(WeightTransferEngine):
             log.info("weight update %d applied: %d tensors, %.1f MB, receive %.3fs, apply %.3fs", request.version,
                      ntensors, nbytes / 1e6, receive_s, self.last_result.apply_s)
 
-    def _apply(self, inboxes: list[_StageInbox]) -> None:
+    def _apply(self, inboxes: list[StageInbox]) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-        def weights():
-            for inbox in inboxes:
-                for layout, wire in zip(inbox.plan.buckets, inbox.wires):
-                    yield from B.unpack(layout, wire)
-
         initialize_layerwise_reload(self.model)
-        self.model.load_weights(weights())
+        self.model.load_weights(t for inbox in inboxes for t in inbox.tensors())
         finalize_layerwise_reload(self.model, self.model_config)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -229,6 +205,7 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         for g in self.groups:
             g.close()
         self.groups = []
+        self._staging = {}
 
 
 class AprielWorkerExtension:

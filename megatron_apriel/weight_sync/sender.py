@@ -28,7 +28,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -38,10 +38,9 @@ from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.control import WeightSyncControl
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.weight_sync.source import StageWeights, ToHF
-from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group, send_plan
+from megatron_apriel.weight_sync.stream import BucketHook, DoubleBuffer, send_stage
+from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
-BucketHook = Callable[[int, int, torch.Tensor], None]
-"""(stage, bucket index, sealed wire buffer) -> None, called just before the broadcast (tests)."""
 
 
 @dataclass
@@ -57,10 +56,14 @@ class WeightSyncConfig:
     base_port: int = 29700
     """Stage s listens on base_port + s (on its sender's host)."""
     timeout_s: float = 600.0
+    checksum: str = "sum64"
+    """Per-bucket checksum: sum64 (cheap, any device) or crc32 (stronger, CPU only)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"weight_sync.backend must be auto, nccl or gloo, got {self.backend!r}.")
+        if self.checksum not in ("sum64", "crc32"):
+            raise ValueError(f"weight_sync.checksum must be sum64 or crc32, got {self.checksum!r}.")
         if self.bucket_bytes < B.ALIGN:
             raise ValueError(f"weight_sync.bucket_bytes must be >= {B.ALIGN}, got {self.bucket_bytes}.")
 
@@ -71,7 +74,7 @@ class WeightSender:
         self.cfg, self.ctx = cfg, ctx
         self.backend = cfg.backend if cfg.backend != "auto" else ("nccl" if ctx.device.type == "cuda" else "gloo")
         self.device = ctx.device if self.backend == "nccl" else torch.device("cpu")
-        self.algo = "wsum64" if self.device.type == "cuda" else "crc32"
+        self.algo = cfg.checksum
         self.weights = StageWeights(model, ctx, vocab_size, to_hf)
         self.is_stage_sender = ctx.tp_rank == 0 and ctx.dp_rank == 0
         self.in_replica = ctx.dp_rank == 0
@@ -79,7 +82,7 @@ class WeightSender:
         self.on_bucket = on_bucket
         self.group: Optional[StageGroup] = None
         self.control = WeightSyncControl(cfg.servers, cfg.timeout_s) if self.is_coordinator else None
-        self._buffers: list[torch.Tensor] = []
+        self._buffers = DoubleBuffer(self.device)
 
     def connect(self) -> None:
         """Join the stage groups (every rank calls; only stage senders join a group)."""
@@ -105,34 +108,12 @@ class WeightSender:
             f.result()
         dist.barrier()
 
-    def _wire(self, layout, slot: int) -> torch.Tensor:
-        need = layout.nbytes + B.TRAILER
-        while len(self._buffers) <= slot:
-            self._buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
-        if self._buffers[slot].numel() < need:
-            self._buffers[slot] = torch.empty(need, dtype=torch.uint8, device=self.device)
-        return self._buffers[slot][:need]
-
     def _send_stage(self, version: int) -> tuple[int, int]:
         layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes)
-        send_plan(self.group, StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp,
-                                        checksum=self.algo, buckets=layouts))
-        stream = self.weights.hf_tensors(self.device)
-        inflight = None
-        for layout in layouts:
-            wire = self._wire(layout, layout.index % 2)  # the other buffer may still be on the wire
-            B.pack(layout, (next(stream) for _ in layout.tensors), wire)
-            B.seal(wire, self.algo)
-            if self.on_bucket is not None:
-                self.on_bucket(self.ctx.pp_rank, layout.index, wire)
-            if inflight is not None:
-                inflight.wait()
-            inflight = self.group.broadcast(wire, async_op=True)
-        if inflight is not None:
-            inflight.wait()
-        if next(stream, None) is not None:
-            raise RuntimeError("stage produced more tensors than its plan holds; metadata() and hf_tensors() disagree.")
-        return sum(l.nbytes for l in layouts), len(layouts)
+        plan = StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp, checksum=self.algo,
+                         buckets=layouts)
+        send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)
+        return plan.nbytes, len(layouts)
 
     def push(self, version: int) -> SyncReport:
         """Send this step's weights as ``version``; returns the (coordinator's) report on every rank."""

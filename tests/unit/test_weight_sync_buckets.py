@@ -17,7 +17,7 @@ def _tensors():
 
 
 @pytest.mark.parametrize("bucket_bytes", [64, 200, 4096, 1 << 20])
-@pytest.mark.parametrize("algo", ["crc32", "wsum64"])
+@pytest.mark.parametrize("algo", ["crc32", "sum64"])
 def test_pack_unpack_roundtrip(bucket_bytes, algo):
     tensors = _tensors()
     layouts = B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors], bucket_bytes)
@@ -43,7 +43,7 @@ def test_buckets_respect_size_and_oversized_tensor_gets_its_own():
     assert all(b.nbytes <= 512 for b in layouts if len(b.tensors) > 1)
 
 
-@pytest.mark.parametrize("algo", ["crc32", "wsum64"])
+@pytest.mark.parametrize("algo", ["crc32", "sum64"])
 @pytest.mark.parametrize("position", [0, 1, 4097, -1])
 def test_any_flipped_bit_is_detected(algo, position):
     wire = torch.randint(0, 256, ((1 << 22) + 64 + B.TRAILER,), dtype=torch.uint8)
@@ -56,10 +56,12 @@ def test_any_flipped_bit_is_detected(algo, position):
     assert B.verify(wire, algo)[0]
 
 
-def test_wsum_detects_blocks_swapped():
-    words = torch.arange(2 * (1 << 20), dtype=torch.int32)
-    swapped = torch.cat([words[1 << 20:], words[: 1 << 20]])
-    assert B.checksum(words.view(torch.uint8), "wsum64") != B.checksum(swapped.view(torch.uint8), "wsum64")
+def test_sum64_detects_blocks_swapped_and_matches_torch_path():
+    words = torch.arange(2 * (1 << 17) + 5, dtype=torch.int64)
+    swapped = torch.cat([words[1 << 17: 2 << 17], words[: 1 << 17], words[2 << 17:]])
+    assert B.checksum(words.view(torch.uint8), "sum64") != B.checksum(swapped.view(torch.uint8), "sum64")
+    meta_free = words.view(torch.uint8)
+    assert B.checksum(meta_free, "sum64") == B._checksum_torch(meta_free)
 
 
 def test_pack_refuses_data_that_disagrees_with_plan():
