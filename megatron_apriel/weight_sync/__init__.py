@@ -1,0 +1,5 @@
+"""Trainer -> vLLM weight updates: typed messages, checksummed buckets, per-stage broadcast.
+
+``sender`` runs in the trainer ranks and never imports vLLM; ``receiver`` runs inside the vLLM
+workers (registered as a native weight-transfer engine). ``protocol`` and ``buckets`` are shared.
+"""

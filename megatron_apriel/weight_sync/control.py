@@ -1,0 +1,101 @@
+"""HTTP control plane, trainer side: vLLM's native RL routes on every server of the fleet.
+
+Used by the trainer's coordinator rank only. Each call goes to all servers concurrently and
+raises, naming the server and its answer, if one fails; ``update_weights`` instead returns the
+rejections, because a rejected update is an expected outcome (the server keeps its old weights).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import httpx
+
+from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult, version_label
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class WeightSyncControl:
+    def __init__(self, servers: list[str], timeout_s: float = 600.0):
+        if not servers:
+            raise ValueError("weight_sync.servers is empty: give the base URL of every vLLM server.")
+        self.servers = [s.rstrip("/") for s in servers]
+        self._http = httpx.Client(timeout=timeout_s)
+        self._pool = ThreadPoolExecutor(max_workers=max(2, len(self.servers)), thread_name_prefix="apriel-ctl")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._http.close()
+
+    def _call(self, server: str, method: str, path: str, **kwargs) -> httpx.Response:
+        response = self._http.request(method, server + path, **kwargs)
+        if response.status_code != 200:
+            raise ServerError(f"{method} {server}{path} -> {response.status_code}: {response.text[:500]}")
+        return response
+
+    def _all(self, method: str, path: str, **kwargs) -> list[httpx.Response]:
+        futures = [self._pool.submit(self._call, s, method, path, **kwargs) for s in self.servers]
+        return [f.result() for f in futures]
+
+    def workers_per_server(self) -> list[int]:
+        return [r.json()["world_size"] for r in self._all("GET", "/get_world_size")]
+
+    def init_async(self, inits: list[TransferInit]):
+        """Start ``/init_weight_transfer_engine`` on every server; the caller joins its own group
+        meanwhile (the call returns once every worker joined), then waits on the futures."""
+        return [self._pool.submit(self._call, s, "POST", "/init_weight_transfer_engine",
+                                  json={"init_info": i.model_dump()}) for s, i in zip(self.servers, inits)]
+
+    def start(self) -> None:
+        self._all("POST", "/start_weight_update")
+
+    def pause(self) -> None:
+        self._all("POST", "/pause", params={"mode": "keep"})
+
+    def resume(self) -> None:
+        self._all("POST", "/resume")
+
+    def update(self, request: UpdateRequest) -> dict[str, str]:
+        """``/update_weights`` on every server; returns {server: reason} for those that rejected."""
+        def one(server: str) -> Optional[str]:
+            # vLLM's route lets the worker's exception escape: the answer is a 500 or, with some
+            # versions, a dropped connection. Either way the receiver's own status says why.
+            try:
+                response = self._http.post(server + "/update_weights", json={"update_info": request.model_dump()})
+                if response.status_code == 200:
+                    return None
+                answer = f"HTTP {response.status_code}: {response.text[:500]}"
+            except httpx.TransportError as err:
+                answer = f"{type(err).__name__}: {err}"
+            result = self.status(server)
+            if result is not None and result.version == request.version and not result.accepted:
+                return result.reason
+            raise ServerError(f"/update_weights on {server} failed ({answer}) and its receiver reports no "
+                              f"rejection of version {request.version}: the server may be down.")
+
+        futures = {s: self._pool.submit(one, s) for s in self.servers}
+        return {s: r for s, f in futures.items() if (r := f.result()) is not None}
+
+    def finish(self, servers: list[str], version: int) -> None:
+        futures = [self._pool.submit(self._call, s, "POST", "/finish_weight_update",
+                                     json={"weight_version": version_label(version)}) for s in servers]
+        for f in futures:
+            f.result()
+
+    def status(self, server: str) -> Optional[UpdateResult]:
+        """The receiver's last ``UpdateResult`` (first worker), via ``/collective_rpc``."""
+        # A fresh connection: after a failed update the pooled one may have been dropped by the server.
+        response = httpx.post(server + "/collective_rpc", json={"method": "apriel_weight_sync_status"},
+                              timeout=self._http.timeout)
+        if response.status_code != 200:
+            raise ServerError(f"/collective_rpc on {server} -> {response.status_code}: {response.text[:500]}")
+        first = response.json()["results"][0]
+        return None if first == "null" else UpdateResult.model_validate(json.loads(first))
+
+    def weight_versions(self) -> dict[str, str]:
+        return {s: r.json()["weight_version"] for s, r in zip(self.servers, self._all("GET", "/weight_info"))}

