@@ -22,6 +22,7 @@ setup(
         # Megatron's checkpoint writer needs it; without it the forked writers die and save hangs.
         "psutil",
         "httpx>=0.27,<1",
+        "pydantic>=2",
         "datasets>=3.0",
         # verifiers; hydra pins antlr 4.9.3, hence math-verify's matching extra
         "math-verify[antlr4-9-3]>=0.9,<0.10",
