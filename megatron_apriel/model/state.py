@@ -20,7 +20,7 @@ import torch.distributed as dist
 from megatron_apriel.parallel.groups import ParallelContext
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 
 def layer_offset(model) -> int:
@@ -32,7 +32,7 @@ def global_name(local: str, offset: int) -> str:
     return _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", local)
 
 
-def _is_glu_fc1(name: str, model) -> bool:
+def is_glu_fc1(name: str, model) -> bool:
     return name.endswith("mlp.linear_fc1.weight") and model.config.gated_linear_unit
 
 
@@ -43,14 +43,14 @@ def _shard(full: torch.Tensor, dim: int, tp: int, rank: int, glu: bool) -> torch
     return full.chunk(tp, dim=dim)[rank]
 
 
-def _unshard(parts: list[torch.Tensor], dim: int, glu: bool) -> torch.Tensor:
+def unshard(parts: list[torch.Tensor], dim: int, glu: bool) -> torch.Tensor:
     if glu:
         halves = [p.chunk(2, dim=dim) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=dim)
     return torch.cat(parts, dim=dim)
 
 
-def _local_params(model, tied: bool):
+def local_params(model, tied: bool):
     for name, param in model.named_parameters():
         if tied and name == "output_layer.weight":
             continue  # the tied copy of the embedding on the last stage
@@ -67,12 +67,12 @@ def load_full_state_dict(model, full: dict[str, torch.Tensor], ctx: ParallelCont
         if key not in full:
             raise KeyError(f"canonical state dict has no {key!r} (needed by this rank's {name!r}).")
         src = full[key]
-        if key in _VOCAB_PARAMS:  # zero-pad the true vocabulary up to the padded size
+        if key in VOCAB_PARAMS:  # zero-pad the true vocabulary up to the padded size
             padded = src.new_zeros((param.shape[0] * (ctx.dims.tp if param.tensor_model_parallel else 1), src.shape[1]))
             padded[: src.shape[0]] = src
             src = padded
         if getattr(param, "tensor_model_parallel", False):
-            src = _shard(src, param.partition_dim, ctx.dims.tp, ctx.tp_rank, _is_glu_fc1(name, model))
+            src = _shard(src, param.partition_dim, ctx.dims.tp, ctx.tp_rank, is_glu_fc1(name, model))
         if src.shape != param.shape:
             raise ValueError(f"{key}: canonical shape {tuple(src.shape)} does not fit shard {tuple(param.shape)}.")
         param.copy_(src)
@@ -84,14 +84,14 @@ def gather_full_state_dict(model, ctx: ParallelContext, vocab_size: int) -> dict
     tied = model.share_embeddings_and_output_weights
     offset = layer_offset(model)
     stage: dict[str, torch.Tensor] = {}
-    for name, param in _local_params(model, tied):
+    for name, param in local_params(model, tied):
         tensor = param.detach()
         if getattr(param, "tensor_model_parallel", False) and ctx.dims.tp > 1:
             parts = [torch.empty_like(tensor) for _ in range(ctx.dims.tp)]
             dist.all_gather(parts, tensor.contiguous(), group=ctx.pgs.tp)
-            tensor = _unshard(parts, param.partition_dim, _is_glu_fc1(name, model))
+            tensor = unshard(parts, param.partition_dim, is_glu_fc1(name, model))
         key = global_name(name, offset)
-        if key in _VOCAB_PARAMS:
+        if key in VOCAB_PARAMS:
             tensor = tensor[:vocab_size]
         stage[key] = tensor.cpu().clone()
     stages: list[dict] = [None] * ctx.dims.pp  # type: ignore[list-item]

@@ -4,7 +4,8 @@ every rank's RNG states and the rollout source's state, written atomically.
 Layout under ``run_dir/checkpoints``::
 
     step_00000042/
-      dist/               Megatron dist checkpoint (torch_dist): model and optimizer shards
+      dist/               Megatron dist checkpoint (torch_dist): model and optimizer shards, plus
+                          apriel_model.json (the architecture, for apriel-convert mcore-to-hf)
       rng/rank_<r>.pt     torch / numpy / python / Megatron-tracker RNG states of rank r
       state.json          step, scheduler, layout, rollout-source state, format version
     latest                name of the newest complete checkpoint
@@ -33,6 +34,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.parallel.collectives import barrier, world_rank, world_size
 from megatron_apriel.parallel.groups import ParallelContext
 
@@ -88,9 +90,11 @@ def _sharded(chunks, optimizer, loading: bool) -> dict:
 
 
 def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,
-                    keep_last: int = 0) -> Path:
+                    arch: ModelArch, keep_last: int = 0) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint directory."""
     from megatron.core import dist_checkpointing
+
+    from megatron_apriel.convert.checkpoint import write_model_metadata
 
     tmp, final = step_dir(root, step).with_suffix(".tmp"), step_dir(root, step)
     if world_rank() == 0:
@@ -106,6 +110,8 @@ def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: Pa
                  "world_size": world_size(), "layout": {"tp": ctx.dims.tp, "pp": ctx.dims.pp, "dp": ctx.dims.dp},
                  **extra}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        # lets `apriel-convert mcore-to-hf --mcore .../dist` export it without an HF reference
+        write_model_metadata(tmp / "dist", arch, {"trainer_step": step})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         (root / "latest.tmp").write_text(final.name)

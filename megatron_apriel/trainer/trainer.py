@@ -59,7 +59,7 @@ class Trainer:
 
     def save(self) -> None:
         path = save_checkpoint(self.ckpt_root, self.step, self.chunks, self.optimizer, self.scheduler, self.ctx,
-                               {"source": self.source.state_dict()}, keep_last=self.cfg.checkpoint.keep_last)
+                               {"source": self.source.state_dict()}, self.arch, keep_last=self.cfg.checkpoint.keep_last)
         log.info("saved %s", path)
 
     def microbatches(self, samples: list[TrainSample]) -> list[MicroBatch]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from megatron_apriel.model.state import _VOCAB_PARAMS, _is_glu_fc1, _local_params, _unshard, global_name, layer_offset
+from megatron_apriel.model.state import VOCAB_PARAMS, is_glu_fc1, local_params, unshard, global_name, layer_offset
 from megatron_apriel.parallel.groups import ParallelContext
 
 ToHF = Callable[[dict[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]
@@ -41,7 +41,7 @@ class StageWeights:
         offset = layer_offset(model)
         tied = model.share_embeddings_and_output_weights
         groups: dict[tuple[int, int], list[tuple[str, str, torch.nn.Parameter]]] = {}
-        for local, param in _local_params(model, tied):
+        for local, param in local_params(model, tied):
             canonical = global_name(local, offset)
             groups.setdefault(_group_key(canonical), []).append((local, canonical, param))
         self.groups = [groups[k] for k in sorted(groups)]
@@ -50,7 +50,7 @@ class StageWeights:
         shape = list(param.shape)
         if getattr(param, "tensor_model_parallel", False):
             shape[param.partition_dim] *= self.ctx.dims.tp
-        if canonical in _VOCAB_PARAMS:
+        if canonical in VOCAB_PARAMS:
             shape[0] = self.vocab_size
         return shape
 
@@ -67,8 +67,8 @@ class StageWeights:
         if getattr(param, "tensor_model_parallel", False) and self.ctx.dims.tp > 1:
             parts = [torch.empty_like(tensor) for _ in range(self.ctx.dims.tp)]
             dist.all_gather(parts, tensor.contiguous(), group=self.ctx.pgs.tp)
-            tensor = _unshard(parts, param.partition_dim, _is_glu_fc1(local, self.model))
-        if canonical in _VOCAB_PARAMS:
+            tensor = unshard(parts, param.partition_dim, is_glu_fc1(local, self.model))
+        if canonical in VOCAB_PARAMS:
             tensor = tensor[: self.vocab_size]
         return tensor
 
