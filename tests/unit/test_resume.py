@@ -83,3 +83,23 @@ def test_stop_signal_saves_and_exits_cleanly(tmp_path):
     saved = sorted((run / "checkpoints").glob("step_*"))
     assert len(saved) == 1 and 3 <= int(saved[0].name.split("_")[1]) < 1000
     assert (run / "checkpoints" / "latest").read_text() == saved[0].name
+
+
+def test_trainer_checkpoint_exports_to_hugging_face(runs, tmp_path):
+    """`apriel-convert mcore-to-hf` reads a trainer checkpoint (no HF reference: apriel_model.json)."""
+    from transformers import AutoModelForCausalLM
+
+    from megatron_apriel.convert.checkpoint import mcore_to_hf
+
+    root, straight, _ = runs
+    dist_dir = straight / "checkpoints" / "step_00000004" / "dist"
+    out = tmp_path / "hf"
+    mcore_to_hf(dist_dir, out, progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    trained = checkpoint_tensors(straight, 4, root)
+    sd = hf.state_dict()
+    assert torch.equal(sd["model.embed_tokens.weight"], trained["embedding.word_embeddings.weight"][:256])
+    assert torch.equal(sd["lm_head.weight"], trained["output_layer.weight"][:256])
+    assert torch.equal(sd["model.layers.1.mlp.down_proj.weight"], trained["decoder.layers.mlp.linear_fc2.weight"][1])
+    logits = hf(torch.tensor([[1, 2, 3]])).logits
+    assert logits.shape == (1, 3, 256) and torch.isfinite(logits).all()
