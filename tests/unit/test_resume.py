@@ -74,7 +74,11 @@ def test_stop_signal_saves_and_exits_cleanly(tmp_path):
     for line in proc.stdout:  # wait until training is under way
         if "step 2 |" in line or time.time() > deadline:
             break
-    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if "entrypoints.train" in " ".join(p.cmdline())]
+    def is_rank(p: psutil.Process) -> bool:  # the trainer ranks, not apriel-train's torchrun or its agent
+        cmd = " ".join(p.cmdline())
+        return "megatron_apriel.entrypoints.train" in cmd and "torch.distributed.run" not in cmd
+
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_rank(p)]
     assert len(ranks) == 2
     for p in ranks:  # what SLURM's --signal=USR1@<s> does: signal every task
         p.send_signal(signal.SIGUSR1)
