@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def _args(argv=None):
     p.add_argument("--worker", choices=["plain", "ours"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -105,23 +107,24 @@ def worker_ours(a):
 
 
 def _run_worker(a, kind, nproc, tp=1, pp=1, port=29561):
+    result_dir = tempfile.mkdtemp(prefix="trainer_step_")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(port),
            __file__, "--worker", kind, "--tp", str(tp), "--pp", str(pp), "--hidden", str(a.hidden),
            "--layers", str(a.layers), "--vocab", str(a.vocab), "--seqs", str(a.seqs), "--seq-len", str(a.seq_len),
-           "--steps", str(a.steps)]
+           "--steps", str(a.steps), "--result-dir", result_dir]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PYTHONWARNINGS="ignore")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
+    results = sorted(Path(result_dir).glob("rank_*.json"))
+    if proc.returncode or len(results) != nproc:
         raise RuntimeError(f"{kind} tp={tp} pp={pp} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return max(json.loads(ln[7:])["seconds"] for ln in lines)  # the slowest rank bounds the step
+    return max(json.loads(r.read_text())["seconds"] for r in results)  # the slowest rank bounds the step
 
 
 def main(argv=None):
     a = _args(argv)
     if a.worker:
         seconds = worker_plain(a) if a.worker == "plain" else worker_ours(a)
-        print("RESULT " + json.dumps({"seconds": seconds}), flush=True)
+        Path(a.result_dir, f"rank_{os.environ.get('RANK', '0')}.json").write_text(json.dumps({"seconds": seconds}))
         return
     tokens = a.seqs * a.seq_len
     base = _run_worker(a, "plain", 1)
