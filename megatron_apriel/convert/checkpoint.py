@@ -6,8 +6,8 @@ them, and let Megatron's writer store each range as its own chunk of the global 
 is copied into the process: the bytes go from the (page-cached) HF files to the .distcp files
 once, and resident memory does not grow with the model. ``mcore_to_hf``: read one layer's global
 tensors from the dist checkpoint (whatever TP/PP saved it), map them back and append them to
-size-bounded safetensors shards. Both write into a hidden ``.NAME.partial-PID`` directory next to ``--out`` and rename it
-into place only when complete; on any error it is removed.
+size-bounded safetensors shards. Both write into a hidden ``.NAME.partial-PID`` directory next
+to ``--out`` and rename it into place only when complete; on any error it is removed.
 """
 
 from __future__ import annotations
