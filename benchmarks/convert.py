@@ -5,7 +5,9 @@
 Prints, for hf-to-mcore and mcore-to-hf: GB/s, the ratio to reading + writing the same bytes
 with safetensors alone (same shard size), and the peak RSS of the converting process (each
 conversion runs in a fresh subprocess) above an idle process that imported the same modules,
-relative to the largest streaming unit (one decoder layer, or embedding + output layer).
+relative to the largest streaming unit (one decoder layer, or embedding + output layer), split into
+anonymous memory (RssAnon) and mapped file pages (RssFile, clean and reclaimable) by sampling
+/proc every 5 ms, for the converting process and for the writer processes Megatron forks.
 No assertions: numbers only.
 """
 
@@ -27,18 +29,41 @@ from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parents[1]
 _PROBE = """
-import resource, sys, time, json
+import glob, json, sys, threading, time
 import megatron_apriel.convert.checkpoint as c
 from megatron_apriel.entrypoints.convert import main
 import megatron.core.dist_checkpointing, megatron.core.models.gpt  # import time is not conversion time
+
+def rss(pid="self"):  # MB of anonymous / file-backed resident pages
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+    except (FileNotFoundError, ProcessLookupError):  # a writer that just exited
+        return {}
+    return {k: int(v.split()[0]) * 1024 for k, v in (l.split(":", 1) for l in lines) if k in ("RssAnon", "RssFile")}
+
+def children():
+    return [p for f in glob.glob("/proc/self/task/*/children") for p in open(f).read().split()]
+
+peak = {"self": {}, "children": {}}
+done = threading.Event()
+def sample():  # VmHWM alone cannot tell anonymous memory from reclaimable mapped file pages
+    while not done.is_set():
+        for who, pids in (("self", ["self"]), ("children", children())):
+            for pid in pids:
+                for k, v in rss(pid).items():
+                    peak[who][k] = max(peak[who].get(k, 0), v)
+        time.sleep(0.005)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 t0 = time.perf_counter()
 if sys.argv[1:]:
     main(sys.argv[1:] + ["--no-progress"])
 dt = time.perf_counter() - t0
+done.set()
+sampler.join()
 # VmHWM, not ru_maxrss: ru_maxrss survives exec and would include the benchmark parent's memory
 ru = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
-ch = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-print("RESULT", json.dumps({"seconds": dt, "peak_rss": ru, "children_peak_rss": ch}))
+print("RESULT", json.dumps({"seconds": dt, "peak_rss": ru, "peak": peak["self"], "children_peak": peak["children"]}))
 """
 
 
@@ -143,10 +168,15 @@ def main() -> None:
         print(f"idle process (imports only): peak RSS {idle['peak_rss'] / 1e6:.0f} MB")
         for name, r in (("hf-to-mcore", h2m), ("mcore-to-hf", m2h)):
             extra = r["peak_rss"] - idle["peak_rss"]
+            anon = r["peak"]["RssAnon"] - idle["peak"]["RssAnon"]
+            kids = r["children_peak"]
             print(f"{name}: {r['seconds']:.2f} s = {gb / r['seconds']:.3f} GB/s = {base / r['seconds']:.2f}x baseline; "
                   f"peak RSS {r['peak_rss'] / 1e6:.0f} MB (+{extra / 1e6:.0f} MB over idle = "
-                  f"{extra / largest_layer:.2f}x largest layer, {extra / largest_unit:.2f}x largest unit); "
-                  f"forked writer processes peak {r['children_peak_rss'] / 1e6:.0f} MB")
+                  f"{extra / largest_layer:.2f}x largest layer, {extra / largest_unit:.2f}x largest unit), of it "
+                  f"RssAnon +{anon / 1e6:.0f} MB, RssFile peak {r['peak']['RssFile'] / 1e6:.0f} MB (idle "
+                  f"{idle['peak']['RssFile'] / 1e6:.0f}); forked writers peak RssAnon "
+                  f"{kids.get('RssAnon', 0) / 1e6:.0f} MB, RssFile {kids.get('RssFile', 0) / 1e6:.0f} MB "
+                  "(file-backed clean pages: reclaimable page cache)")
     finally:
         if a.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

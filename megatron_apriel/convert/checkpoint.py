@@ -1,12 +1,13 @@
 """HF safetensors <-> Megatron distributed checkpoint, streamed one decoder layer at a time.
 
-``hf_to_mcore``: read one layer's HF tensors (``safe_open``), map them through the table to
-canonical tensors, stage them on disk next to the output and reopen them memory-mapped, then let
-Megatron write the dist checkpoint from the mapped tensors: resident memory stays at about one
-layer (plus reclaimable page cache). ``mcore_to_hf``: read one layer's global tensors from the dist
-checkpoint (whatever TP/PP saved it), map them back and append them to size-bounded safetensors
-shards. Both write into a hidden ``.NAME.partial-PID`` directory next to ``--out`` and rename it
-into place only when complete; on any error it is removed.
+``hf_to_mcore``: describe every canonical tensor as row ranges of the HF tensors (the table's
+transforms only concatenate rows), map those ranges from the safetensors files without reading
+them, and let Megatron's writer store each range as its own chunk of the global tensor. Nothing
+is copied into the process: the bytes go from the (page-cached) HF files to the .distcp files
+once, and resident memory does not grow with the model. ``mcore_to_hf``: read one layer's global
+tensors from the dist checkpoint (whatever TP/PP saved it), map them back and append them to
+size-bounded safetensors shards. Both write into a hidden ``.NAME.partial-PID`` directory next
+to ``--out`` and rename it into place only when complete; on any error it is removed.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from tqdm import tqdm
 from megatron_apriel.convert import mcore_io
 from megatron_apriel.convert.hf_config import copy_support_files, hf_config_from_arch
 from megatron_apriel.convert.hf_io import HFReader, ShardedWriter
-from megatron_apriel.convert.transforms import pad_vocab
 from megatron_apriel.convert.mapping import (LAYOUTS, HFLayout, canonical_to_hf, detect_layout,
-                                             expected_hf_shapes, hf_to_canonical, megatron_names)
+                                             canonical_row_pieces, expected_hf_shapes, megatron_names)
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.model.provider import padded_vocab_size
 from megatron_apriel.parallel.dims import ParallelDims
@@ -53,18 +53,6 @@ def staging_dir(out: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     os.rename(tmp, out)
-
-
-@contextmanager
-def _scratch(out: Path) -> Iterator[Path]:
-    """A hidden scratch directory next to ``out`` (same filesystem), always removed."""
-    path = out.parent / f".{out.name}.staging-{os.getpid()}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_model_metadata(ckpt_dir: Path, arch: ModelArch, source: dict) -> None:
@@ -107,10 +95,17 @@ def check_text_tensors(reader: HFReader, arch: ModelArch, layout: HFLayout) -> N
                              f"{shape}: config.json does not match the weights.")
 
 
-def _stage(part: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
-    """Write tensors to ``path`` and hand them back memory-mapped (no resident copy)."""
-    torch.save(part, path)
-    return torch.load(path, mmap=True, weights_only=True)
+def _mapped_pieces(reader: HFReader, layout: HFLayout, arch: ModelArch,
+                   layer: Optional[int]) -> dict[str, list[tuple[int, torch.Tensor]]]:
+    """Canonical name -> ``(first_row, tensor mapped from the HF file)`` pieces, for one layer."""
+    out = {}
+    for name, ranges in canonical_row_pieces(arch, layer).items():
+        row, parts = 0, []
+        for plain, start, end in ranges:
+            parts.append((row, reader.map_rows(layout.to_checkpoint(plain), start, end)))
+            row += end - start
+        out[name] = parts
+    return out
 
 
 def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progress: bool = True) -> None:
@@ -129,20 +124,16 @@ def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progr
         check_text_tensors(reader, arch, layout)
         mcore_io.check_save_prerequisites()
         padded = padded_vocab_size(arch.vocab_size, tp)
-        with staging_dir(out) as tmp, _scratch(out) as stage, mcore_io.single_process_world() as ctx:
+        with staging_dir(out) as tmp, mcore_io.single_process_world() as ctx:
             shard_layout = mcore_io.sharded_layout(arch, ctx)
-            canonical: dict[str, torch.Tensor] = {}
-            for layer in tqdm(list(mcore_io.iter_layers(arch)), desc="hf-to-mcore: read", disable=not progress):
-                hf_part = {n: reader.get(layout.to_checkpoint(n)) for n in expected_hf_shapes(arch, layer)}
-                reader.close()  # unmap the shards read so far: their pages would stay in our RSS
-                part = hf_to_canonical(hf_part, arch)
-                for name in set(part) & set(_VOCAB_TENSORS):
-                    part[name] = pad_vocab(part[name], padded)  # no copy when no padding is needed
-                canonical.update(_stage(part, stage / f"{'top' if layer is None else layer}.pt"))
+            sharded = {}
+            for layer in tqdm(list(mcore_io.iter_layers(arch)), desc="hf-to-mcore: map", disable=not progress):
+                pieces = _mapped_pieces(reader, layout, arch, layer)
+                sharded.update(mcore_io.pieces_to_sharded(pieces, arch, shard_layout, padded))
             if progress:
-                print(f"hf-to-mcore: writing the dist checkpoint ({len(canonical)} tensors)", flush=True)
-            mcore_io.save(mcore_io.to_sharded(canonical, arch, shard_layout, padded), tmp)
-            del canonical
+                print(f"hf-to-mcore: writing the dist checkpoint ({len(sharded)} chunks)", flush=True)
+            mcore_io.save(sharded, tmp)
+            del sharded
             write_model_metadata(tmp, arch, {"hf_path": str(Path(hf).resolve()), "layout": layout.name,
                                              "hf_model_type": reader.config.get("model_type"),
                                              "written_for": {"tp": tp, "pp": pp, "padded_vocab_size": padded}})

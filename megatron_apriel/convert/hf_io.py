@@ -9,6 +9,8 @@ download is caught here, naming the file). :class:`ShardedWriter` writes tensors
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import struct
 from contextlib import ExitStack
 from pathlib import Path
@@ -46,6 +48,12 @@ def read_header(path: Path) -> dict:
     return header
 
 
+def data_start(path: Path) -> int:
+    """File offset that a safetensors file's ``data_offsets`` count from (after the header)."""
+    with open(path, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
+
+
 class HFReader:
     """The tensors of one HF model directory (single file or sharded with an index)."""
 
@@ -63,6 +71,7 @@ class HFReader:
                                  "the index and the shards come from different downloads.")
         self._stack = ExitStack()
         self._handles: dict[str, object] = {}
+        self._maps: dict[str, mmap.mmap] = {}
 
     def _weight_files(self) -> dict[str, str]:
         index = self.path / INDEX
@@ -99,11 +108,32 @@ class HFReader:
             self._handles[name] = self._stack.enter_context(safe_open(self.path / name, framework="pt"))
         return self._handles[name].get_tensor(key)
 
+    def map_rows(self, key: str, start: int, end: int) -> torch.Tensor:
+        """Rows ``[start, end)`` of tensor ``key`` as a tensor over the file's mapped bytes: no copy,
+        no page read until the data is, and a storage of exactly those rows (so writers that clone
+        views, e.g. Megatron's, do not copy it). Read-only by contract: writes stay private."""
+        if key not in self.files:
+            raise ValueError(f"tensor {key!r} is missing from {self.path}: the checkpoint is incomplete or its "
+                             "config.json describes another model.")
+        name = self.files[key]
+        meta, shape = self.headers[name][key], self.shape(key)
+        assert 0 <= start < end <= shape[0], (key, shape, start, end)
+        row = math.prod(shape[1:])
+        dtype = self.dtype(key)
+        if name not in self._maps:
+            with open(self.path / name, "rb") as f:
+                self._maps[name] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        offset = data_start(self.path / name) + meta["data_offsets"][0] + start * row * dtype.itemsize
+        flat = torch.frombuffer(self._maps[name], dtype=dtype, count=(end - start) * row, offset=offset)
+        return flat.view(end - start, *shape[1:])
+
     def close(self) -> None:
-        """Unmap every open shard (reading again reopens them)."""
+        """Unmap every open shard (reading again reopens them). Tensors from :meth:`map_rows` keep
+        their file mapped until they are freed."""
         self._stack.close()
         self._stack = ExitStack()
         self._handles.clear()
+        self._maps.clear()
 
     def __enter__(self) -> "HFReader":
         return self

@@ -62,16 +62,19 @@ class _Transform:
     arity: int
     to_megatron: Callable[..., torch.Tensor]  # (arch, *hf tensors) -> canonical tensor
     to_hf: Callable[..., tuple]  # (arch, canonical tensor) -> hf tensors
+    row_pieces: Callable[..., list]  # (arch, rows of each hf tensor) -> to_megatron as T.RowPiece list
 
 
 _TRANSFORMS = {
-    "identity": _Transform(1, lambda arch, t: t, lambda arch, t: (t,)),
+    "identity": _Transform(1, lambda arch, t: t, lambda arch, t: (t,), lambda arch, n: [(0, 0, n)]),
     "qkv": _Transform(
         3,
         lambda arch, q, k, v: T.merge_qkv(q, k, v, arch.num_kv_heads, arch.head_dim),
         lambda arch, t: T.split_qkv(t, arch.num_heads, arch.num_kv_heads, arch.head_dim),
+        lambda arch, nq, nk, nv: T.qkv_row_pieces(nq, arch.num_kv_heads, arch.head_dim),
     ),
-    "gate_up": _Transform(2, lambda arch, g, u: T.merge_gate_up(g, u), lambda arch, t: T.split_gate_up(t)),
+    "gate_up": _Transform(2, lambda arch, g, u: T.merge_gate_up(g, u), lambda arch, t: T.split_gate_up(t),
+                          lambda arch, ng, nu: T.gate_up_row_pieces(ng)),
 }
 
 _M, _H = "decoder.layers.{layer}.", "model.layers.{layer}."
@@ -143,6 +146,21 @@ def expected_hf_shapes(arch: ModelArch, layer: Optional[int] = None) -> dict[str
         meta = torch.empty(canonical_shape(m.megatron_name(layer), arch), device="meta")
         for name, t in zip(m.hf_names(layer), _TRANSFORMS[m.kind].to_hf(arch, meta)):
             out[name] = tuple(t.shape)
+    return out
+
+
+def canonical_row_pieces(arch: ModelArch, layer: Optional[int] = None) -> dict[str, list[tuple[str, int, int]]]:
+    """Canonical name -> ``(plain HF name, first_row, end_row)`` ranges whose concatenation along
+    dim 0 is what :func:`hf_to_canonical` builds (vocab unpadded), for one layer or the non-layer
+    tensors: lets hf-to-mcore write each canonical tensor straight from the HF files."""
+    shapes = expected_hf_shapes(arch, layer)
+    out = {}
+    for m in mappings(arch):
+        if m.per_layer != (layer is not None):
+            continue
+        names = m.hf_names(layer)
+        pieces = _TRANSFORMS[m.kind].row_pieces(arch, *(shapes[n][0] for n in names))
+        out[m.megatron_name(layer)] = [(names[src], start, end) for src, start, end in pieces]
     return out
 
 

@@ -141,6 +141,43 @@ def to_sharded(canonical: Mapping[str, torch.Tensor], arch: ModelArch, layout: S
     return out
 
 
+def pieces_to_sharded(pieces: Mapping[str, list[tuple[int, torch.Tensor]]], arch: ModelArch,
+                      layout: ShardedLayout, padded_vocab: int) -> dict:
+    """Canonical tensors given as row pieces ``(first_row, tensor)`` -> one ShardedTensor per piece.
+
+    Each piece is stored as its own chunk of the global checkpoint tensor (uneven sharding, which
+    torch DCP reassembles at load for any TP/PP), so no canonical tensor is ever built: the
+    writer reads every piece straight from wherever its tensor lives (e.g. the mapped HF file).
+    Decoder-layer pieces sit at their layer along the stacked axis; vocabulary tensors get a zero
+    piece for the padding rows. Adds each layer's ShardedObjects.
+    """
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+    out, layers = {}, set()
+    for name, parts in pieces.items():
+        layer, rel = _split_layer(name)
+        rows = sum(t.shape[0] for _, t in parts)
+        if rel in ("embedding.word_embeddings.weight", "output_layer.weight") and padded_vocab > rows:
+            parts = [*parts, (rows, parts[0][1].new_zeros((padded_vocab - rows, *parts[0][1].shape[1:])))]
+            rows = padded_vocab
+        dtypes = {t.dtype for _, t in parts}
+        if len(dtypes) != 1:
+            raise ValueError(f"{name} is built from HF tensors of different dtypes {sorted(map(str, dtypes))}; "
+                             "cast the HF checkpoint to one dtype first.")
+        for row, tensor in parts:
+            shape = (rows, *tensor.shape[1:])
+            offset = (row,) + (0,) * (tensor.dim() - 1)
+            if layer is not None:
+                layers.add(layer)
+                tensor, shape, offset = tensor.unsqueeze(0), (arch.num_layers, *shape), (layer, *offset)
+            out[f"{name}@{row}"] = ShardedTensor(layout.tensor_keys[rel], tensor, tensor.dtype, tuple(tensor.shape),
+                                                 shape, offset, axis_fragmentations=None, replica_id=0)
+    for layer in sorted(layers):
+        for key in layout.layer_object_keys:
+            out[f"{key}@{layer}"] = ShardedObject(key, None, (arch.num_layers,), (layer,), replica_id=0)
+    return out
+
+
 def save(sharded: dict, out_dir: Path) -> None:
     from megatron.core import dist_checkpointing
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import torch
 
+RowPiece = tuple[int, int, int]
+"""``(source, first_row, end_row)``: rows ``[first_row, end_row)`` of the ``source``-th input.
+A merge equals the concatenation (dim 0) of its row pieces, in order, so a writer can store the
+merged tensor piece by piece straight from the inputs without building it."""
+
 
 def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: int, head_dim: int) -> torch.Tensor:
     """HF ``q [nq*d, ...]``, ``k [nkv*d, ...]``, ``v [nkv*d, ...]`` -> Megatron ``[(nq+2*nkv)*d, ...]``.
@@ -26,6 +31,14 @@ def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: i
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest)
 
 
+def qkv_row_pieces(q_rows: int, num_kv_heads: int, head_dim: int) -> list[RowPiece]:
+    """:func:`merge_qkv` as row pieces of (q, k, v): per group g, its query rows, k head g, v head g."""
+    assert q_rows % num_kv_heads == 0, (q_rows, num_kv_heads)
+    qg, d = q_rows // num_kv_heads, head_dim
+    return [p for g in range(num_kv_heads) for p in ((0, g * qg, (g + 1) * qg), (1, g * d, (g + 1) * d),
+                                                     (2, g * d, (g + 1) * d))]
+
+
 def split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
     """Inverse of :func:`merge_qkv`: ``[(nq+2*nkv)*d, ...]`` -> contiguous ``(q, k, v)``."""
     rest = qkv.shape[1:]
@@ -40,6 +53,11 @@ def merge_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """HF ``gate [f, h]``, ``up [f, h]`` -> Megatron SwiGLU ``linear_fc1 [2f, h]`` = [gate; up]."""
     assert gate.shape == up.shape, (gate.shape, up.shape)
     return torch.cat([gate, up], dim=0)
+
+
+def gate_up_row_pieces(ffn_rows: int) -> list[RowPiece]:
+    """:func:`merge_gate_up` as row pieces of (gate, up)."""
+    return [(0, 0, ffn_rows), (1, 0, ffn_rows)]
 
 
 def split_gate_up(fc1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron_apriel.convert import transforms as T
-from megatron_apriel.convert.mapping import (LAYOUTS, canonical_to_hf, detect_layout, expected_hf_shapes,
+from megatron_apriel.convert.mapping import (LAYOUTS, canonical_row_pieces, canonical_to_hf, detect_layout, expected_hf_shapes,
                                              hf_to_canonical, mappings, megatron_names)
 from megatron_apriel.model.arch import ModelArch
 
@@ -84,6 +84,20 @@ def test_table_covers_exactly_the_hf_names_and_round_trips(family):
                                                                for n in megatron_names(arch, i)])
     back = canonical_to_hf(canonical, arch)
     assert set(back) == set(hf) and all(torch.equal(back[n], hf[n]) for n in hf)
+
+
+@pytest.mark.parametrize("family", sorted(ARCHS))
+def test_row_pieces_concatenate_to_what_hf_to_canonical_builds(family):
+    """hf-to-mcore writes these pieces instead of the merged tensors: they must be the same rows."""
+    arch = ARCHS[family]
+    g = torch.Generator().manual_seed(2)
+    for layer in [None, *range(arch.num_layers)]:
+        hf = {n: torch.randn(s, generator=g) for n, s in expected_hf_shapes(arch, layer).items()}
+        pieces = canonical_row_pieces(arch, layer)
+        canonical = hf_to_canonical(hf, arch)
+        assert sorted(pieces) == sorted(canonical)
+        for name, ranges in pieces.items():
+            assert torch.equal(torch.cat([hf[n][a:b] for n, a, b in ranges]), canonical[name]), name
 
 
 def test_mapping_rows_know_their_tp_axis_and_vocab_rows():
