@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron_apriel.testing.net import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-5
 
@@ -18,7 +20,7 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("layouts") / "results.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(ROOT / "tests" / "dist" / "layouts.py"), str(out)]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.testing.net import free_port
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 
 
-RENDEZVOUS = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29583"}
+RENDEZVOUS = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,15 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from megatron_apriel.testing.net import free_port
 from tests.unit.conftest import launcher_env
 
 COMMON = ["--config-name", "tiny_cpu", "optim.decay_steps=4", "checkpoint.save_every=2", "checkpoint.keep_last=0"]
 
 
-def train(run_dir: Path, steps: int, port: int, *extra: str) -> None:
+def train(run_dir: Path, steps: int, *extra: str) -> None:
     cmd = [shutil.which("apriel-train"), *COMMON, f"run_dir={run_dir}", f"trainer.steps={steps}",
-           f"launch.master_port={port}", *extra]
+           f"launch.master_port={free_port()}", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=launcher_env(), cwd=run_dir.parent)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -33,10 +34,10 @@ def checkpoint_tensors(run_dir: Path, step: int, tmp: Path) -> dict:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     straight, resumed = root / "straight", root / "resumed"
-    train(straight, 4, 29541)
-    train(resumed, 2, 29542)  # "preempted" after step 2 (same LR schedule: decay over 4 steps)
+    train(straight, 4)
+    train(resumed, 2)  # "preempted" after step 2 (same LR schedule: decay over 4 steps)
     assert sorted(p.name for p in (resumed / "checkpoints").glob("step_*")) == ["step_00000002"]
-    train(resumed, 4, 29543)  # picks up step_00000002 by itself
+    train(resumed, 4)  # picks up step_00000002 by itself
     return root, straight, resumed
 
 
@@ -67,13 +68,15 @@ def test_incomplete_checkpoint_is_never_resumed(runs, tmp_path):
 def test_stop_signal_saves_and_exits_cleanly(tmp_path):
     run = tmp_path / "signalled"
     cmd = [shutil.which("apriel-train"), *COMMON, f"run_dir={run}", "trainer.steps=1000", "checkpoint.save_every=0",
-           "launch.master_port=29544"]
+           f"launch.master_port={free_port()}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=launcher_env(),
                             cwd=tmp_path)
-    deadline = time.time() + 300
+    deadline, seen = time.time() + 300, []
     for line in proc.stdout:  # wait until training is under way
+        seen.append(line)
         if "step 2 |" in line or time.time() > deadline:
             break
+    assert "step 2 |" in seen[-1], "".join(seen)[-4000:]
     def is_rank(p: psutil.Process) -> bool:  # the trainer ranks, not apriel-train's torchrun or its agent
         cmd = " ".join(p.cmdline())
         return "megatron_apriel.entrypoints.train" in cmd and "torch.distributed.run" not in cmd
