@@ -209,7 +209,8 @@ def run_python(code: str, stdin: str, config: SandboxConfig) -> RunResult:
                                     start_new_session=True, preexec_fn=lambda: _child_setup(config))
             try:
                 returncode: int | None = proc.wait(timeout=config.wall_timeout_s)
-                timed_out = False
+                # RLIMIT_CPU ends a busy loop with SIGXCPU, often before the wall clock does
+                timed_out = returncode == -signal.SIGXCPU
             except subprocess.TimeoutExpired:
                 returncode, timed_out = None, True
             wall = time.monotonic() - start
