@@ -7,7 +7,8 @@ Bandwidth part: a sender and a receiver process joined by our stage group (gloo 
 model, the same bytes three ways: ours (plan + checksummed buckets, double-buffered async
 broadcast, receiver-side verification and host staging), a raw single flat-buffer broadcast
 (the physical limit of the link), and one broadcast per tensor (PipelineRL's way). Median of
-``--repeats``.
+``--repeats`` (all variants interleaved in each round). ``--breakdown`` adds ours without
+checksums and without packing, to show where the time beyond the raw broadcast goes.
 
 Pause part (``--vllm``): a one-rank Megatron trainer pushes the tiny model to a real
 ``apriel-serve`` while 16 requests decode; reports the wall time between /pause and /resume.
@@ -16,6 +17,7 @@ Pause part (``--vllm``): a one-rank Megatron trainer pushes the tiny model to a 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -50,68 +52,105 @@ MODELS = {
 }
 
 
-def _worker(rank: int, port: int, shapes, bucket_bytes: int, repeats: int, algo: str, out) -> None:
+def _variants(group, rank: int, shapes, tensors, layouts, algo: str, checker, staging: dict):
+    """Each variant moves the same bytes from rank 0 to rank 1; all buffers are allocated once and
+    reused (as the GPU caching allocator would), so no variant pays page faults the others skip."""
+    total = sum(l.nbytes for l in layouts)
+    flat = torch.zeros(total, dtype=torch.uint8)
+    buffers = DoubleBuffer(torch.device("cpu"))
+    plain = [B.new_wire_buffer(l).zero_() for l in layouts]
+    recv = [torch.zeros(s) for _, s in shapes] if rank == 1 else [t for _, t in tensors]
+    plan = StagePlan(version=1, stage=0, num_stages=1, checksum=algo, buckets=layouts)
+
+    def ours():
+        if rank == 0:
+            send_stage(group, plan, iter(tensors), buffers)
+        elif receive_stage(group, checker, staging).bad_buckets:
+            raise RuntimeError("a bucket failed its checksum in the benchmark")
+
+    def raw():
+        group.broadcast(flat)
+
+    def per_tensor():  # PipelineRL: one synchronous broadcast per tensor, no packing, no checksum
+        for buf in recv:
+            group.broadcast(buf)
+
+    def prepacked_buckets():  # ours minus packing and checksums: what bucket boundaries cost
+        inflight = None
+        for wire in plain:
+            if inflight is not None:
+                inflight.wait()
+            inflight = group.broadcast(wire, async_op=True)
+        inflight.wait()
+
+    def pack_no_checksum():  # ours minus both checksum passes (and the plan message)
+        inflight, it = None, iter(tensors)
+        for layout in layouts:
+            wire = buffers.wire(layout, layout.index % 2)
+            if rank == 0:
+                B.pack(layout, (next(it) for _ in layout.tensors), wire)
+            if inflight is not None:
+                inflight.wait()
+            inflight = group.broadcast(wire, async_op=True)
+        inflight.wait()
+
+    return {"ours": ours, "raw": raw, "per_tensor": per_tensor, "prepacked buckets, no checksum": prepacked_buckets,
+            "pack + buckets, no checksum": pack_no_checksum}
+
+
+def _worker(rank: int, port: int, shapes, bucket_bytes: int, repeats: int, algo: str, breakdown: bool, out) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     torch.set_num_threads(1)
     group = join_stage_group(Endpoint(host="127.0.0.1", port=port), rank, 2, "gloo", 300, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     tensors = [(n, torch.randn(s, generator=g)) for n, s in shapes] if rank == 0 else []
     layouts = B.plan_buckets([(n, torch.float32, s) for n, s in shapes], bucket_bytes)
-    total = sum(l.nbytes for l in layouts)
-    buffers = DoubleBuffer(torch.device("cpu"))
-    from concurrent.futures import ThreadPoolExecutor
-    checker = ThreadPoolExecutor(1)
-    staging: dict = {}
-    flat = torch.empty(total, dtype=torch.uint8)
-    times = {"ours": [], "raw": [], "per_tensor": []}
-    for _ in range(repeats):
-        group.broadcast(torch.zeros(1))
-        t0 = time.perf_counter()
-        if rank == 0:
-            plan = StagePlan(version=1, stage=0, num_stages=1, checksum=algo, buckets=layouts)
-            send_stage(group, plan, iter(tensors), buffers)
-        else:
-            inbox = receive_stage(group, checker, staging)
-            assert not inbox.bad_buckets
-        group.broadcast(torch.zeros(1))
-        times["ours"].append(time.perf_counter() - t0)
-
-        t0 = time.perf_counter()
-        group.broadcast(flat)
-        group.broadcast(torch.zeros(1))
-        times["raw"].append(time.perf_counter() - t0)
-
-        t0 = time.perf_counter()
-        for name, shape in shapes:
-            buf = tensors[[n for n, _ in shapes].index(name)][1] if rank == 0 else torch.empty(shape)
-            group.broadcast(buf)
-        group.broadcast(torch.zeros(1))
-        times["per_tensor"].append(time.perf_counter() - t0)
+    variants = _variants(group, rank, shapes, tensors, layouts, algo, ThreadPoolExecutor(1), {})
+    if not breakdown:
+        variants = {k: variants[k] for k in ("ours", "raw", "per_tensor")}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(repeats + 1):  # the first round warms every buffer up and is not counted
+        for name, run in variants.items():  # interleaved, so load from other processes hits all alike
+            group.broadcast(torch.zeros(1))
+            t0 = time.perf_counter()
+            run()
+            group.broadcast(torch.zeros(1))
+            times[name].append(time.perf_counter() - t0)
     if rank == 1:
-        out.put((total, {k: statistics.median(v) for k, v in times.items()}))
+        out.put((sum(l.nbytes for l in layouts), {k: statistics.median(v[1:]) for k, v in times.items()}))
     group.close()
 
 
-def bandwidth(bucket_bytes: int, repeats: int, algo: str) -> None:
-    print(f"gloo over loopback, bucket {bucket_bytes / 2**20:.0f} MiB, checksum {algo}, median of {repeats}")
+def _run_model(shapes, bucket_bytes: int, repeats: int, algo: str, breakdown: bool):
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, shapes, bucket_bytes, repeats, algo, breakdown, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    total, t = out.get()
+    for p in procs:
+        p.join()
+    return total, t
+
+
+def bandwidth(bucket_bytes: int, repeats: int, algo: str, breakdown: bool) -> None:
+    print(f"gloo over loopback, bucket {bucket_bytes / 2**20:.0f} MiB, checksum {algo}, median of {repeats}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'model':34s} {'tensors':>7s} {'MB':>8s} {'ours s':>8s} {'raw s':>8s} {'per-tensor s':>12s} "
           f"{'ours/raw bw':>11s} {'x vs per-tensor':>15s}")
-    ctx = mp.get_context("spawn")
     for name, shapes in MODELS.items():
-        out = ctx.SimpleQueue()
-        port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, port, shapes, bucket_bytes, repeats, algo, out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        total, t = out.get()
-        for p in procs:
-            p.join()
+        total, t = _run_model(shapes, bucket_bytes, repeats, algo, breakdown)
         print(f"{name:34s} {len(shapes):7d} {total / 1e6:8.1f} {t['ours']:8.4f} {t['raw']:8.4f} {t['per_tensor']:12.4f} "
               f"{t['raw'] / t['ours']:11.2f} {t['per_tensor'] / t['ours']:15.2f}")
+        for k in [k for k in t if k not in ("ours", "raw", "per_tensor")]:
+            print(f"    {k:44s} {t[k]:8.4f} s   {t['raw'] / t[k]:5.2f} of raw bw")
 
 
 def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     import asyncio
-    import os
     import threading
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -179,10 +218,12 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--checksum", choices=["sum64", "crc32"], default="sum64")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time ours without checksums, and without packing, to separate their costs")
     ap.add_argument("--vllm", action="store_true", help="also measure the pause on a real vLLM server")
     ap.add_argument("--updates", type=int, default=5)
     args = ap.parse_args()
-    bandwidth(args.bucket_mb << 20, args.repeats, args.checksum)
+    bandwidth(args.bucket_mb << 20, args.repeats, args.checksum, args.breakdown)
     if args.vllm:
         pause(args.updates)
 

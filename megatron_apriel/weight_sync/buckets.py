@@ -20,6 +20,8 @@ ALIGN = 64
 TRAILER = 8
 DEFAULT_BUCKET_BYTES = 1 << 30
 _SUM_BLOCK = 1 << 17  # 64-bit words per block of sum64
+BLOCK_BYTES = _SUM_BLOCK * 8  # 1 MiB: sum64's block
+STEP = 1 << 19  # the fused packer copies then checksums 512 KiB at a time (src + dst fit in L2)
 _MASK = (1 << 64) - 1
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -81,21 +83,117 @@ def payload(wire: torch.Tensor) -> torch.Tensor:
     return wire[: wire.numel() - TRAILER]
 
 
-def pack(layout: BucketLayout, tensors: Iterable[tuple[str, torch.Tensor]], wire: torch.Tensor) -> None:
-    """Copy ``tensors`` (in layout order) into ``wire``'s payload; zero the alignment gaps."""
-    body = payload(wire)
+def _check_slot(layout: BucketLayout, slot: TensorSlot, name: str, tensor: torch.Tensor) -> None:
+    if name != slot.name or list(tensor.shape) != slot.shape or dtype_name(tensor.dtype) != slot.dtype:
+        raise ValueError(
+            f"bucket {layout.index}: got {name!r} {tuple(tensor.shape)} {tensor.dtype}, the plan says "
+            f"{slot.name!r} {tuple(slot.shape)} {slot.dtype}; the sender's plan and data disagree."
+        )
+
+
+class _BlockChecksum:
+    """Checksums a host payload ``STEP`` bytes at a time, each step as soon as it has been written
+    (so it is read back from cache, not from memory). Gives the same value as ``checksum``."""
+
+    def __init__(self, body: torch.Tensor, algo: ChecksumAlgo):
+        self.algo, self.size, self.done = algo, body.numel(), 0
+        self.bytes = body.numpy()
+        self.words = self.bytes.view(np.uint64)
+        self.sums: list[int] = []
+        self.block = 0  # running sum of the current sum64 block
+        self.crc = 0
+
+    def advance(self, written: int) -> None:
+        """Bytes ``[0, written)`` are final: checksum every whole step inside them not yet done."""
+        while self.done < written:
+            stop = min(self.done + STEP, self.size)
+            if stop > written:
+                return
+            if self.algo == "crc32":
+                self.crc = zlib.crc32(self.bytes[self.done : stop], self.crc)
+            else:
+                self.block += int(self.words[self.done // 8 : stop // 8].sum(dtype=np.uint64))
+                if stop % BLOCK_BYTES == 0 or stop == self.size:
+                    self.sums.append(self.block & _MASK)
+                    self.block = 0
+            self.done = stop
+
+    def value(self) -> int:
+        if self.done != self.size:
+            raise RuntimeError(f"checksummed {self.done} of {self.size} payload bytes; the packer skipped some.")
+        return self.crc if self.algo == "crc32" else _combine(self.sums)
+
+
+class _NoChecksum:
+    def advance(self, written: int) -> None:
+        pass
+
+
+def _copy_in(body: torch.Tensor, offset: int, tensor: torch.Tensor, sums) -> None:
+    """One pass from ``tensor`` (any strides) into ``body[offset:]``, ``STEP`` bytes at a time."""
+    if not tensor.is_contiguous():
+        _copy_rows(body, offset, tensor, sums)
+        return
+    src = tensor.detach().reshape(-1).view(torch.uint8)
+    host = body.device.type == "cpu" and src.device.type == "cpu"
+    dst_np, src_np = (body.numpy(), src.numpy()) if host else (None, None)  # numpy: ~3x less per-call overhead
+    pos, n = 0, src.numel()
+    while pos < n:
+        at = offset + pos
+        step = min(n - pos, STEP - at % STEP)
+        if host:
+            np.copyto(dst_np[at : at + step], src_np[pos : pos + step])
+        else:
+            body[at : at + step].copy_(src[pos : pos + step])
+        pos += step
+        sums.advance(at + step)
+
+
+def _copy_rows(body: torch.Tensor, offset: int, tensor: torch.Tensor, sums) -> None:
+    """Non-contiguous source (a transpose, a strided split): copy rows with their strides, no
+    temporary contiguous copy."""
+    dst = body[offset : offset + tensor.numel() * tensor.element_size()].view(tensor.dtype).view(tensor.shape)
+    row = tensor[0].numel() * tensor.element_size()
+    rows = max(1, STEP // max(row, 1))
+    for i in range(0, tensor.shape[0], rows):
+        dst[i : i + rows].copy_(tensor[i : i + rows])
+        sums.advance(offset + min(i + rows, tensor.shape[0]) * row)
+
+
+def _zero(body: torch.Tensor, start: int, stop: int, sums) -> None:
+    if stop > start:
+        body[start:stop].zero_()
+    sums.advance(stop)
+
+
+def _pack(layout: BucketLayout, tensors: Iterable[tuple[str, torch.Tensor]], body: torch.Tensor, sums) -> None:
     end = 0
     for slot, (name, tensor) in zip(layout.tensors, tensors, strict=True):
-        if name != slot.name or list(tensor.shape) != slot.shape or dtype_name(tensor.dtype) != slot.dtype:
-            raise ValueError(
-                f"bucket {layout.index}: got {name!r} {tuple(tensor.shape)} {tensor.dtype}, the plan says "
-                f"{slot.name!r} {tuple(slot.shape)} {slot.dtype}; the sender's plan and data disagree."
-            )
-        if slot.offset > end:
-            body[end : slot.offset].zero_()
-        body[slot.offset : slot.offset + slot.nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+        _check_slot(layout, slot, name, tensor)
+        _zero(body, end, slot.offset, sums)
+        _copy_in(body, slot.offset, tensor, sums)
         end = slot.offset + slot.nbytes
-    body[end:].zero_()
+    _zero(body, end, body.numel(), sums)
+
+
+def pack(layout: BucketLayout, tensors: Iterable[tuple[str, torch.Tensor]], wire: torch.Tensor) -> None:
+    """Copy ``tensors`` (in layout order) into ``wire``'s payload; zero the alignment gaps."""
+    _pack(layout, tensors, payload(wire), _NoChecksum())
+
+
+def pack_sealed(layout: BucketLayout, tensors: Iterable[tuple[str, torch.Tensor]], wire: torch.Tensor,
+                algo: ChecksumAlgo) -> int:
+    """``pack`` then ``seal`` in one pass over memory: on host buffers each block is checksummed
+    right after it is written (from cache). Device buffers: pack, then checksum on the device."""
+    body = payload(wire)
+    if body.device.type != "cpu":
+        _pack(layout, tensors, body, _NoChecksum())
+        return seal(wire, algo)
+    sums = _BlockChecksum(body, algo)
+    _pack(layout, tensors, body, sums)
+    value = sums.value()
+    _write_trailer(wire, value)
+    return value
 
 
 def unpack(layout: BucketLayout, wire: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -155,11 +253,15 @@ def _checksum_torch(data: torch.Tensor) -> int:
     return _combine(_torch_sums(data))
 
 
+def _write_trailer(wire: torch.Tensor, value: int) -> None:
+    trailer = torch.frombuffer(bytearray(value.to_bytes(TRAILER, "little")), dtype=torch.uint8)
+    wire[-TRAILER:].copy_(trailer)
+
+
 def seal(wire: torch.Tensor, algo: ChecksumAlgo) -> int:
     """Write the payload's checksum into the trailer; returns it."""
     value = checksum(payload(wire), algo)
-    trailer = torch.tensor(list(value.to_bytes(TRAILER, "little")), dtype=torch.uint8)
-    wire[-TRAILER:].copy_(trailer)
+    _write_trailer(wire, value)
     return value
 
 

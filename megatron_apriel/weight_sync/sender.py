@@ -83,6 +83,8 @@ class WeightSender:
         self.group: Optional[StageGroup] = None
         self.control = WeightSyncControl(cfg.servers, cfg.timeout_s) if self.is_coordinator else None
         self._buffers = DoubleBuffer(self.device)
+        self._layouts: Optional[list] = None
+        """The stage's bucket plan: fixed by the model's structure, so made once."""
 
     def connect(self) -> None:
         """Join the stage groups (every rank calls; only stage senders join a group)."""
@@ -109,7 +111,9 @@ class WeightSender:
         dist.barrier()
 
     def _send_stage(self, version: int) -> tuple[int, int]:
-        layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes)
+        if self._layouts is None:
+            self._layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes)
+        layouts = self._layouts
         plan = StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp, checksum=self.algo,
                          buckets=layouts)
         send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)

@@ -38,8 +38,7 @@ def send_stage(group: StageGroup, plan: StagePlan, tensors: Iterator[tuple[str, 
     inflight = None
     for layout in plan.buckets:
         wire = buffers.wire(layout, layout.index % 2)  # the other buffer may still be on the wire
-        B.pack(layout, (next(tensors) for _ in layout.tensors), wire)
-        B.seal(wire, plan.checksum)
+        B.pack_sealed(layout, (next(tensors) for _ in layout.tensors), wire, plan.checksum)
         if on_bucket is not None:
             on_bucket(plan.stage, layout.index, wire)
         if inflight is not None:

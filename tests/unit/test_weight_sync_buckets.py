@@ -37,6 +37,33 @@ def test_pack_unpack_roundtrip(bucket_bytes, algo):
         assert n1 == n2 and t1.dtype == t2.dtype and torch.equal(t1, t2)
 
 
+def _block_crossing_tensors():
+    """Tensors that straddle sum64's 1 MiB blocks, some non-contiguous (transposed, strided)."""
+    g = torch.Generator().manual_seed(1)
+    big = torch.randn(700, 1000, generator=g)
+    return [("a", torch.randn(3, generator=g)), ("b", big.t()), ("c", torch.randn(300_001, generator=g)),
+            ("d", big[:, ::2].to(torch.bfloat16)), ("e", torch.randn(5, 7, generator=g).t().to(torch.float16)),
+            ("f", torch.randn(1 << 18, generator=g))]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1 << 20, 3 << 20, 16 << 20])
+@pytest.mark.parametrize("algo", ["crc32", "sum64"])
+def test_fused_pack_seal_equals_pack_then_seal(bucket_bytes, algo):
+    tensors = _block_crossing_tensors()
+    layouts = B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors], bucket_bytes)
+    it = iter(tensors)
+    out = []
+    for layout in layouts:
+        chunk = [next(it) for _ in layout.tensors]
+        fused, plain = B.new_wire_buffer(layout).fill_(0xAB), B.new_wire_buffer(layout).fill_(0xCD)
+        value = B.pack_sealed(layout, chunk, fused, algo)
+        B.pack(layout, chunk, plain)
+        assert value == B.seal(plain, algo) and torch.equal(fused, plain) and B.verify(fused, algo)[0]
+        out.extend(B.unpack(layout, fused))
+    for (n1, t1), (n2, t2) in zip(tensors, out, strict=True):
+        assert n1 == n2 and torch.equal(t1, t2)
+
+
 def test_buckets_respect_size_and_oversized_tensor_gets_its_own():
     layouts = B.plan_buckets([("a", torch.float32, (10,)), ("big", torch.float32, (1000,)), ("c", torch.float32, (10,))], 512)
     assert [[s.name for s in b.tensors] for b in layouts] == [["a"], ["big"], ["c"]]
@@ -68,6 +95,8 @@ def test_pack_refuses_data_that_disagrees_with_plan():
     layout = B.plan_buckets([("a", torch.float32, (4,))], 1024)[0]
     with pytest.raises(ValueError, match="plan and data disagree"):
         B.pack(layout, [("a", torch.zeros(5))], B.new_wire_buffer(layout))
+    with pytest.raises(ValueError, match="plan and data disagree"):
+        B.pack_sealed(layout, [("a", torch.zeros(4, dtype=torch.float16))], B.new_wire_buffer(layout), "sum64")
 
 
 def test_messages_roundtrip_and_refuse_other_protocol_versions():
