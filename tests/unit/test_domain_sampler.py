@@ -118,3 +118,23 @@ def test_unknown_domain_and_bad_state_raise():
 def test_config_builds_default_paper_mix():
     s = SamplerConfig().build()
     assert s.targets == pytest.approx(dict(DOMAIN_MIX_PAPER))
+
+
+def test_low_discrepancy_draws_follow_p_closely_and_iid_draws_follow_it_loosely():
+    """Both modes pick domain d with probability p_d; the golden-ratio draws spread evenly."""
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    gaps = {}
+    for draws in ("low_discrepancy", "iid"):
+        sampler = AdaptiveDomainSampler(weights, min_completions=10**9, seed=3, draws=draws)  # static p = t
+        picks = [sampler.sample() for _ in range(1000)]
+        gaps[draws] = max(abs(picks.count(d) / 1000 - w) for d, w in weights.items())
+    assert gaps["low_discrepancy"] < 0.003  # within 3 picks of 1000
+    assert gaps["iid"] < 0.06  # binomial noise, sd ~0.016
+
+
+def test_draws_mode_is_validated_and_part_of_the_state():
+    with pytest.raises(ValueError, match="draws"):
+        AdaptiveDomainSampler({"a": 1.0}, draws="sobol")
+    saved = AdaptiveDomainSampler({"a": 1.0, "b": 1.0}, draws="iid").state_dict()
+    with pytest.raises(ValueError, match="draws"):
+        AdaptiveDomainSampler({"a": 1.0, "b": 1.0}).load_state_dict(saved)
