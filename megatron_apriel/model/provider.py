@@ -142,12 +142,13 @@ def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
         recompute_granularity=cfg.recompute,
         recompute_method="uniform" if cfg.recompute == "full" else None,
         recompute_num_layers=1 if cfg.recompute == "full" else None,
-        # Fused kernels exist only on GPU.
+        # Fused kernels: the softmax / RoPE ones come from Transformer Engine (or Apex), so the local
+        # spec on a GPU without TE runs the unfused torch code; bias-dropout-add fusion is torch.jit.
         bias_dropout_fusion=on_gpu,
-        masked_softmax_fusion=on_gpu,
-        apply_rope_fusion=on_gpu and impl == "transformer_engine",
+        masked_softmax_fusion=impl == "transformer_engine",
+        apply_rope_fusion=impl == "transformer_engine",
         gradient_accumulation_fusion=False,
-        persist_layer_norm=on_gpu,
+        persist_layer_norm=False,
     )
 
 
