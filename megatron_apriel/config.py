@@ -57,11 +57,14 @@ class RolloutConfig:
 class LaunchConfig:
     nproc_per_node: int = 1
     """Trainer ranks started by ``apriel-train`` on this machine when not already under torchrun/srun."""
-    master_port: int = 29500
+    master_port: int = 0
+    """Rendezvous port for those ranks; 0 picks a free one (two runs on one machine never collide)."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
             raise ValueError("launch.nproc_per_node must be >= 1.")
+        if not 0 <= self.master_port < 65536:
+            raise ValueError(f"launch.master_port={self.master_port} is not a port; use 0 for a free one.")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -25,10 +26,18 @@ log = logging.getLogger("megatron_apriel")
 register_configs()
 
 
+def _local_port(requested: int) -> int:
+    if requested:
+        return requested
+    with socket.socket() as s:  # free a moment ago; the rendezvous binds it right away
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _relaunch(run: RunConfig) -> int:
     """Start ``launch.nproc_per_node`` ranks of this same command under torch.distributed.run."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(run.launch.nproc_per_node),
-           "--master_port", str(run.launch.master_port), "-m", "megatron_apriel.entrypoints.train",
+           "--master_port", str(_local_port(run.launch.master_port)), "-m", "megatron_apriel.entrypoints.train",
            *sys.argv[1:], f"run_dir={run.run_dir}"]
     log.info("launching %d trainer ranks: %s", run.launch.nproc_per_node, " ".join(cmd))
     return subprocess.run(cmd, check=False).returncode
@@ -68,7 +77,8 @@ def _main(cfg: DictConfig) -> None:
     if not under_launcher and run.launch.nproc_per_node > 1:
         sys.exit(_relaunch(run))
     if not under_launcher:  # a single rank without a launcher: be our own rendezvous
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(run.launch.master_port))
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_local_port(run.launch.master_port)))
     run_trainer(run, cfg)
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from megatron_apriel.testing.net import free_port
 from tests.unit.conftest import launcher_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -23,7 +22,7 @@ def run_dir(tmp_path_factory):
     exe = shutil.which("apriel-train")
     assert exe, "apriel-train is not on PATH: install the package with `pip install -e .[test]`"
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    proc = subprocess.run([exe, "--config-name", "tiny_cpu", f"run_dir={run_dir}", f"launch.master_port={free_port()}"],
+    proc = subprocess.run([exe, "--config-name", "tiny_cpu", f"run_dir={run_dir}"],  # port: a free one
                           capture_output=True, text=True, timeout=600, cwd=tmp_path_factory.getbasetemp(),
                           env=launcher_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
