@@ -76,6 +76,9 @@ class Trainer:
     def run(self) -> list[dict[str, float]]:
         """Train until ``trainer.steps`` or a stop signal; returns this run's per-step metrics."""
         history, every = [], self.cfg.checkpoint.save_every
+        if self.step >= self.cfg.trainer.steps:
+            log.warning("%s already holds step %d of %d: nothing to do. Raise trainer.steps to continue or "
+                        "choose a new run_dir.", self.ckpt_root, self.step, self.cfg.trainer.steps)
         while self.step < self.cfg.trainer.steps:
             samples, rollout_metrics = self.source.next_batch(self.step)
             metrics = {**rollout_metrics, **self.train_once(samples)}
