@@ -101,6 +101,11 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
 def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
     from megatron.core.transformer import TransformerConfig
 
+    return TransformerConfig(**transformer_config_kwargs(cfg, arch, ctx))
+
+
+def transformer_config_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext) -> dict:
+    """Megatron ``TransformerConfig`` arguments for this machine (pure: testable without TE/CUDA)."""
     impl = resolve_impl(cfg)
     if ctx.sequence_parallel and impl != "transformer_engine":
         raise ValueError(
@@ -110,7 +115,7 @@ def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
     dtype = resolve_dtype(cfg)
     ctx.dims.check_model(num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads)
     on_gpu = ctx.device.type == "cuda"
-    return TransformerConfig(
+    return dict(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.ffn_hidden_size,

@@ -56,3 +56,30 @@ def test_padded_vocab():
     assert padded_vocab_size(250, 2) == 256
     assert padded_vocab_size(257, 2) == 512
     assert padded_vocab_size(131072, 4) == 131072
+
+
+def test_gpu_switch_sets_te_fp8_bf16_and_fused_kernels(monkeypatch):
+    """What the GPU path would build, checked on the CPU by pretending TE and CUDA are present."""
+    import dataclasses
+
+    import torch
+
+    from megatron_apriel.model import provider
+    from megatron_apriel.parallel.dims import ParallelDims
+    from megatron_apriel.parallel.groups import ParallelContext
+
+    monkeypatch.setattr(provider, "te_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ctx = ParallelContext(dims=ParallelDims(tp=1, pp=1, dp=1), rank=0, tp_rank=0, pp_rank=0, dp_rank=0,
+                          device=torch.device("cuda", 0), pgs=None)
+    arch = ModelArch.from_hf_config(MISTRAL_TEXT)
+    kw = provider.transformer_config_kwargs(ModelConfig(fp8="hybrid", fp8_recipe="blockwise"), arch, ctx)
+    assert kw["transformer_impl"] == "transformer_engine"
+    assert (kw["fp8"], kw["fp8_recipe"]) == ("hybrid", "blockwise")
+    assert kw["bf16"] and kw["params_dtype"] == torch.bfloat16 and not kw["use_cpu_initialization"]
+    assert kw["masked_softmax_fusion"] and kw["apply_rope_fusion"]
+    assert (kw["kv_channels"], kw["num_query_groups"]) == (128, 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = provider.transformer_config_kwargs(ModelConfig(), arch, dataclasses.replace(ctx, device=torch.device("cpu")))
+    assert cpu["transformer_impl"] == "local" and cpu["params_dtype"] == torch.float32 and cpu["fp8"] is None
+    assert not cpu["masked_softmax_fusion"] and cpu["use_cpu_initialization"]
