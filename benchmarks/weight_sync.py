@@ -25,7 +25,7 @@ import time
 import torch
 import torch.multiprocessing as mp
 
-from megatron_apriel.testing.net import free_port
+from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan
 from megatron_apriel.weight_sync.stream import DoubleBuffer, receive_stage, send_stage

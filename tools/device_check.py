@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_apriel.convert.mapping import canonical_shapes  # noqa: E402
 from megatron_apriel.model import ModelArch, ModelConfig, build_model  # noqa: E402
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict  # noqa: E402
 from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model  # noqa: E402
@@ -39,23 +40,9 @@ OPTIM = OptimConfig(lr=1e-3, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 
 
 def reference_state() -> dict:
-    ctx_free_shapes = {"embedding.word_embeddings.weight": (ARCH.vocab_size, ARCH.hidden_size),
-                       "decoder.final_layernorm.weight": (ARCH.hidden_size,),
-                       "output_layer.weight": (ARCH.vocab_size, ARCH.hidden_size)}
-    qkv = (ARCH.num_heads + 2 * ARCH.num_kv_heads) * ARCH.head_dim
-    for i in range(ARCH.num_layers):
-        p = f"decoder.layers.{i}."
-        ctx_free_shapes.update({
-            p + "input_layernorm.weight": (ARCH.hidden_size,), p + "pre_mlp_layernorm.weight": (ARCH.hidden_size,),
-            p + "self_attention.linear_qkv.weight": (qkv, ARCH.hidden_size),
-            p + "self_attention.q_layernorm.weight": (ARCH.head_dim,),
-            p + "self_attention.k_layernorm.weight": (ARCH.head_dim,),
-            p + "self_attention.linear_proj.weight": (ARCH.hidden_size, ARCH.num_heads * ARCH.head_dim),
-            p + "mlp.linear_fc1.weight": (2 * ARCH.ffn_hidden_size, ARCH.hidden_size),
-            p + "mlp.linear_fc2.weight": (ARCH.hidden_size, ARCH.ffn_hidden_size)})
     g = torch.Generator().manual_seed(0)
     return {k: (1 + 0.1 * torch.randn(s, generator=g)) if k.endswith("norm.weight") else 0.05 * torch.randn(s, generator=g)
-            for k, s in sorted(ctx_free_shapes.items())}
+            for k, s in sorted(canonical_shapes(ARCH).items())}
 
 
 def samples() -> list[TrainSample]:

@@ -30,6 +30,7 @@ from megatron_apriel.convert.mapping import (LAYOUTS, HFLayout, canonical_to_hf,
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.model.provider import padded_vocab_size
 from megatron_apriel.parallel.dims import ParallelDims
+from megatron_apriel.parallel.rendezvous import single_process_world
 
 FORMAT_VERSION = 1
 MODEL_METADATA = "apriel_model.json"
@@ -124,7 +125,7 @@ def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progr
         check_text_tensors(reader, arch, layout)
         mcore_io.check_save_prerequisites()
         padded = padded_vocab_size(arch.vocab_size, tp)
-        with staging_dir(out) as tmp, mcore_io.single_process_world() as ctx:
+        with staging_dir(out) as tmp, single_process_world() as ctx:
             shard_layout = mcore_io.sharded_layout(arch, ctx)
             sharded = {}
             for layer in tqdm(list(mcore_io.iter_layers(arch)), desc="hf-to-mcore: map", disable=not progress):
@@ -190,7 +191,7 @@ def mcore_to_hf(mcore: str | Path, out: str | Path, hf_reference: Optional[str |
     try:
         arch = _resolve_arch(mcore, ref)
         layout = detect_layout(ref.keys(), ref.config) if ref else LAYOUTS["causal_lm"]
-        with staging_dir(out) as tmp, mcore_io.single_process_world() as ctx:
+        with staging_dir(out) as tmp, single_process_world() as ctx:
             writer = ShardedWriter(tmp, max_shard_bytes)
             _export_text(mcore, arch, layout, ref, writer, ctx, progress)
             carried = [k for k in ref.keys() if layout.to_plain(k) is None] if ref else []

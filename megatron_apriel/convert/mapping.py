@@ -137,6 +137,12 @@ def canonical_shape(name: str, arch: ModelArch) -> tuple[int, ...]:
     return shapes[_LAYER_RE["megatron"].sub("", name)]
 
 
+def canonical_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every canonical tensor of the model (global layer indices) -> its shape."""
+    names = megatron_names(arch) + [n for i in range(arch.num_layers) for n in megatron_names(arch, i)]
+    return {name: canonical_shape(name, arch) for name in names}
+
+
 def expected_hf_shapes(arch: ModelArch, layer: Optional[int] = None) -> dict[str, tuple[int, ...]]:
     """Plain HF name -> shape for one layer (``layer``) or the non-layer tensors (None)."""
     out = {}

@@ -21,9 +21,6 @@ turns (1) into an error; every script of ours keeps ``if __name__ == "__main__":
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
@@ -34,7 +31,6 @@ from megatron_apriel.convert.mapping import megatron_names
 from megatron_apriel.model.arch import ModelArch
 
 _LAYER_PREFIX = "decoder.layers.0."
-_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def check_save_prerequisites() -> None:
@@ -42,36 +38,6 @@ def check_save_prerequisites() -> None:
     if importlib.util.find_spec("psutil") is None:
         raise RuntimeError("megatron.core.dist_checkpointing needs psutil to save (its forked writer calls "
                            "psutil outside its error handling and the save hangs without it): pip install psutil")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def single_process_world():
-    """A one-rank gloo world (Megatron's checkpoint API needs torch.distributed); restores the env."""
-    from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("apriel-convert runs as a single process; launch it without torchrun/srun.")
-    saved = {k: os.environ.get(k) for k in _DIST_ENV}
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
-    try:
-        ctx = init_parallel(ParallelConfig(backend="gloo"))
-        try:
-            yield ctx
-        finally:
-            destroy_parallel()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @dataclass(frozen=True)

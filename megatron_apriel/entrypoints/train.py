@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -21,23 +20,16 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.parallel.rendezvous import free_port
 
 log = logging.getLogger("megatron_apriel")
 register_configs()
 
 
-def _local_port(requested: int) -> int:
-    if requested:
-        return requested
-    with socket.socket() as s:  # free a moment ago; the rendezvous binds it right away
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _relaunch(run: RunConfig) -> int:
     """Start ``launch.nproc_per_node`` ranks of this same command under torch.distributed.run."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(run.launch.nproc_per_node),
-           "--master_port", str(_local_port(run.launch.master_port)), "-m", "megatron_apriel.entrypoints.train",
+           "--master_port", str(run.launch.master_port or free_port()), "-m", "megatron_apriel.entrypoints.train",
            *sys.argv[1:], f"run_dir={run.run_dir}"]
     log.info("launching %d trainer ranks: %s", run.launch.nproc_per_node, " ".join(cmd))
     return subprocess.run(cmd, check=False).returncode
@@ -78,7 +70,7 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(_relaunch(run))
     if not under_launcher:  # a single rank without a launcher: be our own rendezvous
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_local_port(run.launch.master_port)))
+                          MASTER_PORT=str(run.launch.master_port or free_port()))
     run_trainer(run, cfg)
 
 

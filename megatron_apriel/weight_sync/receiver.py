@@ -39,7 +39,7 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from megatron_apriel.weight_sync.protocol import StagePlan, TransferInit, UpdateRequest, UpdateResult
+from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
 from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 

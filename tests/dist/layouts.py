@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from megatron_apriel.convert.mapping import canonical_shapes
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict
 from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model
@@ -41,33 +42,11 @@ def samples() -> list[TrainSample]:
     return out
 
 
-def canonical_shapes():
-    """Names and shapes of the canonical (tp=1, pp=1) state, from a throwaway 1-rank-shaped build."""
-    shapes = {
-        "embedding.word_embeddings.weight": (ARCH.vocab_size, ARCH.hidden_size),
-        "decoder.final_layernorm.weight": (ARCH.hidden_size,),
-        "output_layer.weight": (ARCH.vocab_size, ARCH.hidden_size),
-    }
-    qkv = (ARCH.num_heads + 2 * ARCH.num_kv_heads) * ARCH.head_dim
-    for i in range(ARCH.num_layers):
-        p = f"decoder.layers.{i}."
-        shapes.update({
-            p + "self_attention.linear_qkv.weight": (qkv, ARCH.hidden_size),
-            p + "self_attention.linear_qkv.bias": (qkv,),
-            p + "self_attention.linear_proj.weight": (ARCH.hidden_size, ARCH.num_heads * ARCH.head_dim),
-            p + "input_layernorm.weight": (ARCH.hidden_size,),
-            p + "pre_mlp_layernorm.weight": (ARCH.hidden_size,),
-            p + "mlp.linear_fc1.weight": (2 * ARCH.ffn_hidden_size, ARCH.hidden_size),
-            p + "mlp.linear_fc2.weight": (ARCH.hidden_size, ARCH.ffn_hidden_size),
-        })
-    return sorted(shapes.items())
-
-
 def run_layout(tp, pp, packed, loss_cfg):
     """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step."""
     ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
     model = build_model(ModelConfig(arch=ARCH), ctx)
-    ref = reference_state(canonical_shapes())
+    ref = reference_state(sorted(canonical_shapes(ARCH).items()))
     load_full_state_dict(model, ref, ctx)
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
@@ -102,7 +81,7 @@ def main(out_path):
     runs = [("gspo/tp1_dp2", 1, 1, False, gspo), ("gspo/tp2", 2, 1, False, gspo), ("gspo/pp2", 1, 2, False, gspo),
             ("gspo/tp1_dp2_packed", 1, 1, True, gspo), ("gspo/tp2_packed", 2, 1, True, gspo),
             ("gspo/pp2_packed", 1, 2, True, gspo), ("dapo/tp1_dp2", 1, 1, False, dapo), ("dapo/pp2_packed", 1, 2, True, dapo)]
-    results = {"initial": reference_state(canonical_shapes())}
+    results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items()))}
     for name, tp, pp, packed, loss_cfg in runs:
         results[name] = run_layout(tp, pp, packed, loss_cfg)
     if dist.get_rank() == 0:

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from megatron_apriel.convert.checkpoint import hf_to_mcore, mcore_to_hf
 from megatron_apriel.entrypoints.convert import main
 from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.parallel.rendezvous import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENS = [[3, 17, 101, 249, 0, 42, 7, 199, 64, 128, 5, 77], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
@@ -163,7 +164,7 @@ def test_megatron_logits_match_transformers_at_tp2_pp2_dp2_and_export_of_megatro
             "resave": {"name": "mistral", "tp2": str(tmp_path / "resave_tp2"), "pp2": str(tmp_path / "resave_pp2")}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(REPO / "tests/dist/convert_parity.py"), str(tmp_path / "spec.json"), str(tmp_path / "out.pt")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -176,11 +177,3 @@ def test_megatron_logits_match_transformers_at_tp2_pp2_dp2_and_export_of_megatro
         out = tmp_path / f"export_{layout}"
         mcore_to_hf(tmp_path / f"resave_{layout}", out, hf_reference=models["mistral"]["hf"], progress=False)
         _assert_identical(_tensors(models["mistral"]["hf"]), _tensors(out))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

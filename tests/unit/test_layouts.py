@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_apriel.testing.net import free_port
+from megatron_apriel.parallel.rendezvous import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-5

@@ -1,31 +1,16 @@
 """Model provider on one CPU rank: fp32 LM head in a bf16 model."""
 
-import os
-
 import pytest
 import torch
 
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
-from megatron_apriel.testing.net import free_port
-from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-
-
-RENDEZVOUS = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+from megatron_apriel.parallel.rendezvous import single_process_world
 
 
 @pytest.fixture(scope="module")
 def ctx():
-    saved = {k: os.environ.get(k) for k in RENDEZVOUS}
-    os.environ.update(RENDEZVOUS)
-    try:
-        yield init_parallel(ParallelConfig())
-    finally:
-        destroy_parallel()
-        for k, v in saved.items():  # later tests spawn launchers that must not think they are rank 0
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with single_process_world() as ctx:
+        yield ctx
 
 
 def test_fp32_lm_head_multiplies_in_fp32_and_trains_the_bf16_weight(ctx):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from megatron_apriel.testing.net import free_port
+from megatron_apriel.parallel.rendezvous import free_port
 from tests.unit.conftest import launcher_env
 
 COMMON = ["--config-name", "tiny_cpu", "optim.decay_steps=4", "checkpoint.save_every=2", "checkpoint.keep_last=0"]

@@ -1,6 +1,5 @@
 """The README's run command: `apriel-train --config-name tiny_cpu` trains and the reward rises."""
 
-import os
 import shutil
 import subprocess
 from pathlib import Path

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from megatron_apriel.testing.net import free_port
+from megatron_apriel.parallel.rendezvous import free_port
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from megatron_apriel.rollout.client import FleetClient, SamplingConfig
-from megatron_apriel.testing.net import free_port
+from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.weight_sync.protocol import parse_version_label
 
 ROOT = Path(__file__).resolve().parents[2]
