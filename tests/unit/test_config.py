@@ -15,8 +15,8 @@ def compose_run(name: str, overrides=()):
         return compose(config_name=name, overrides=list(overrides))
 
 
-def test_tiny_cpu_preset_builds_validated_dataclasses():
-    run = to_run_config(compose_run("tiny_cpu", ["optim.lr=2e-3", "parallel.tp=2"]))
+def test_tiny_local_preset_builds_validated_dataclasses():
+    run = to_run_config(compose_run("tiny_local", ["optim.lr=2e-3", "parallel.tp=2"]))
     assert isinstance(run, RunConfig)
     assert run.optim.lr == 2e-3 and run.parallel.tp == 2
     assert run.model.arch.vocab_size == 256  # from the YAML
@@ -25,12 +25,12 @@ def test_tiny_cpu_preset_builds_validated_dataclasses():
 
 def test_unknown_key_is_rejected_with_its_name():
     with pytest.raises((ConfigCompositionException, ConfigKeyError), match="lrr"):
-        compose_run("tiny_cpu", ["optim.lrr=1e-3"])
+        compose_run("tiny_local", ["optim.lrr=1e-3"])
 
 
 def test_ill_typed_value_is_rejected_with_its_name():
     with pytest.raises((ConfigCompositionException, ValidationError), match="steps"):
-        compose_run("tiny_cpu", ["trainer.steps=many"])
+        compose_run("tiny_local", ["trainer.steps=many"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -42,7 +42,7 @@ def test_ill_typed_value_is_rejected_with_its_name():
 ])
 def test_out_of_range_values_fail_with_the_fix(override, message):
     with pytest.raises(ValueError, match=message):
-        to_run_config(compose_run("tiny_cpu", [override]))
+        to_run_config(compose_run("tiny_local", [override]))
 
 
 def test_paper_preset_composes_and_says_what_is_missing():

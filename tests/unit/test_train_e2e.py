@@ -1,4 +1,4 @@
-"""The README's run command: `apriel-train --config-name tiny_cpu` trains and the reward rises."""
+"""The self-sampling run: `apriel-train --config-name tiny_local` trains and the reward rises."""
 
 import shutil
 import subprocess
@@ -21,7 +21,7 @@ def run_dir(tmp_path_factory):
     exe = shutil.which("apriel-train")
     assert exe, "apriel-train is not on PATH: install the package with `pip install -e .[test]`"
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    proc = subprocess.run([exe, "--config-name", "tiny_cpu", f"run_dir={run_dir}"],  # port: a free one
+    proc = subprocess.run([exe, "--config-name", "tiny_local", f"run_dir={run_dir}"],  # port: a free one
                           capture_output=True, text=True, timeout=600, cwd=tmp_path_factory.getbasetemp(),
                           env=launcher_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
