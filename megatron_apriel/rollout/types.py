@@ -1,14 +1,23 @@
-"""Records that flow from the datasets through the actor.
+"""Records that flow from the datasets through the actor into the durable stream and the trainer.
 
-`Problem` is what a dataset row becomes after normalisation: the prompt the policy sees and the
-reference its verifier needs. The trainer side adds its rollout types to this module.
+- `Problem`: a dataset row after normalisation, the prompt the policy sees and the reference its
+  verifier needs.
+- `RolloutGroup` / `Rollout`: the G completions of one problem as the actor writes them into the
+  stream (typed, versioned, JSON-serialisable): token ids, behaviour log-probs, the weight-version
+  spans each completion was sampled under, the verifier's verdict, raw and shaped rewards,
+  advantages, timings and the group's sequence number.
+- `TrainSample`: the view of one rollout that the trainer's batcher packs.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
 DOMAINS: tuple[str, ...] = ("math", "code", "logic", "ifeval", "function_calling")
 """The five verifiable-reward domains of the recipe (RECIPE.md section 6)."""
@@ -69,3 +78,174 @@ class Problem:
                              f"a Problem row has {sorted(required)} and optionally 'metadata'.")
         return cls(id=str(row["id"]), domain=row["domain"], prompt=list(row["prompt"]),
                    reference=row["reference"], metadata=dict(row.get("metadata") or {}))
+
+
+# --- rollout records: what the actor writes into the stream and the trainer reads back ---------
+
+SCHEMA_VERSION = 1
+"""Format version of `RolloutGroup`; a reader refuses any other (old runs are not silently misread)."""
+
+
+def _encode_array(values, dtype: str) -> str:
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _decoder(dtype: str):
+    def decode(value):
+        if isinstance(value, str):  # the stream's compact form
+            return np.frombuffer(base64.b64decode(value), dtype=dtype).tolist()
+        return value
+    return decode
+
+
+TokenIds = Annotated[list[int], BeforeValidator(_decoder("<i4")),
+                     PlainSerializer(lambda v: _encode_array(v, "<i4"), when_used="json")]
+"""Token ids; stored as base64 little-endian int32 in JSON (5.3 bytes a token instead of ~6-7)."""
+LogProbs = Annotated[list[float], BeforeValidator(_decoder("<f4")),
+                     PlainSerializer(lambda v: _encode_array(v, "<f4"), when_used="json")]
+"""Log-probs; stored as base64 float32 (vLLM computes them in float32, so nothing is lost)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VersionSpan(_Record):
+    """Completion tokens ``[start, end)`` were sampled by the weights of ``version``."""
+
+    version: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class Rollout(_Record):
+    """One completion of a group, with its verdict and the rewards derived from it."""
+
+    completion_ids: TokenIds
+    logprobs: LogProbs
+    """Behaviour log-prob of each completion token (vLLM, after temperature): pi_old of the loss."""
+    versions: list[VersionSpan]
+    """Weight versions the tokens were sampled under, in order (two or more: updated in flight)."""
+    finish_reason: str
+    """vLLM's: stop (EOS or a stop string), length (hit the output budget), ..."""
+    outcome: str
+    """The verifier's `Outcome` value (correct, wrong, no_answer, unparsable, timeout, verifier_error)."""
+    score: float = Field(ge=0.0, le=1.0)
+    """Task reward R in [0, 1] (partial credit allowed)."""
+    success: bool
+    reward: float
+    """Shaped reward R + lambda * P(length) (length penalty, difficulty-aware when DAP is on)."""
+    advantage: float
+    server: str = ""
+    attempts: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _aligned(self):
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.logprobs)} log-probs.")
+        if self.versions and (self.versions[0].start != 0 or self.versions[-1].end != len(self.completion_ids)):
+            raise ValueError(f"version spans {self.versions} do not cover the {len(self.completion_ids)} tokens.")
+        return self
+
+    @property
+    def length(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def first_version(self) -> int:
+        return self.versions[0].version if self.versions else 0
+
+    def fresh_start(self, version: int) -> int:
+        """Index of the first token sampled by ``version`` itself (``length`` if none was)."""
+        for span in self.versions:
+            if span.version >= version:
+                return span.start
+        return self.length
+
+
+class GroupTimings(_Record):
+    submitted_at: float
+    """Unix time the actor sent the group's request (set by the actor, never a default)."""
+    generate_s: float = Field(ge=0.0)
+    verify_s: float = Field(ge=0.0)
+
+
+DROP_REASONS = ("zero_advantage", "verifier_error")
+
+
+class RolloutGroup(_Record):
+    """The G rollouts of one prompt, as one record of the durable stream."""
+
+    kind: Literal["rollout_group"] = "rollout_group"
+    schema_version: int = SCHEMA_VERSION
+    seq: int = Field(ge=-1)
+    """Position in the stream: 0, 1, 2, ... without gaps (-1 until the stream assigns it)."""
+    problem_id: str
+    domain: str
+    prompt_ids: TokenIds
+    rollouts: list[Rollout] = Field(min_length=1)
+    admitted_version: int = Field(ge=0)
+    """The trainer's published weight version when the actor admitted the group."""
+    dropped: Optional[Literal["zero_advantage", "verifier_error"]] = None
+    """Not trained, and why: every advantage ~0 (dynamic sampling), or a verifier crashed."""
+    timings: GroupTimings
+
+    @model_validator(mode="after")
+    def _known_schema(self):
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"rollout group schema {self.schema_version}, this reader speaks {SCHEMA_VERSION}; "
+                             "read the stream with the megatron_apriel version that wrote it.")
+        return self
+
+    @property
+    def min_version(self) -> int:
+        """The oldest weights any of its tokens came from: the group's lag is measured from it."""
+        return min(r.first_version for r in self.rollouts)
+
+    def train_samples(self, version: int) -> list["TrainSample"]:
+        """One `TrainSample` per rollout, for a step that trains the weights of ``version``."""
+        prompt = list(self.prompt_ids)
+        return [TrainSample(prompt + list(r.completion_ids), len(prompt), list(r.logprobs), r.advantage,
+                            truncated=r.truncated, fresh_start=r.fresh_start(version)) for r in self.rollouts]
+
+
+@dataclass
+class TrainSample:
+    """One rollout as the trainer's batcher sees it."""
+
+    tokens: list[int]
+    """Prompt followed by completion token ids."""
+    prompt_len: int
+    behaviour_logprobs: list[float]
+    """Log-prob of each completion token under the policy that sampled it (len = completion length)."""
+    advantage: float
+    truncated: bool = False
+    """The completion hit the length limit (overlong filtering masks it out of the loss)."""
+    fresh_start: int = 0
+    """Completion tokens from this index on were sampled by the very weights being trained: on
+    them |log pi_train - log pi_behaviour| is pure train/inference drift."""
+
+    def __post_init__(self) -> None:
+        n_completion = len(self.tokens) - self.prompt_len
+        if self.prompt_len < 1 or n_completion < 0:
+            raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")
+        if len(self.behaviour_logprobs) != n_completion:
+            raise ValueError(
+                f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."
+            )
+
+
+def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Indices split into ``parts`` lists of similar total length (greedy, longest first,
+    deterministic); each list is sorted."""
+    load = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(parts), key=lambda r: (load[r], r))
+        load[r] += lengths[i]
+        out[r].append(i)
+    return [sorted(o) for o in out]

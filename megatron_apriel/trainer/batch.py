@@ -18,26 +18,7 @@ from typing import Optional
 
 import torch
 
-
-@dataclass
-class TrainSample:
-    tokens: list[int]
-    """Prompt followed by completion token ids."""
-    prompt_len: int
-    behaviour_logprobs: list[float]
-    """Log-prob of each completion token under the policy that sampled it (len = completion length)."""
-    advantage: float
-    truncated: bool = False
-    """The completion hit the length limit (overlong filtering masks it out of the loss)."""
-
-    def __post_init__(self) -> None:
-        n_completion = len(self.tokens) - self.prompt_len
-        if self.prompt_len < 1 or n_completion < 0:
-            raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")
-        if len(self.behaviour_logprobs) != n_completion:
-            raise ValueError(
-                f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."
-            )
+from megatron_apriel.rollout.types import TrainSample, balance_by_tokens
 
 
 @dataclass
@@ -47,6 +28,7 @@ class MicroBatch:
     labels: torch.Tensor  # [b, S] int64: next token (0 where no loss)
     loss_mask: torch.Tensor  # [b, S] bool
     old_logp: torch.Tensor  # [b, S] float32: behaviour log-prob of labels (0 where no loss)
+    fresh: torch.Tensor  # [b, S] bool: loss positions whose token the trained weights sampled themselves
     seq: torch.Tensor  # [b, S] int64: index of the position's sequence in this micro-batch
     advantages: torch.Tensor  # [n_seq] float32
     truncated: torch.Tensor  # [n_seq] bool
@@ -76,6 +58,7 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     row["labels"][first:last] = torch.tensor(s.tokens[s.prompt_len :])
     row["loss_mask"][first:last] = True
     row["old_logp"][first:last] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    row["fresh"][first + s.fresh_start : last] = True
     row["seq"][start : start + n] = seq_index
 
 
@@ -86,6 +69,7 @@ def _empty_rows(b: int, length: int) -> dict:
         "labels": torch.zeros(b, length, dtype=torch.long),
         "loss_mask": torch.zeros(b, length, dtype=torch.bool),
         "old_logp": torch.zeros(b, length, dtype=torch.float32),
+        "fresh": torch.zeros(b, length, dtype=torch.bool),
         "seq": torch.zeros(b, length, dtype=torch.long),
     }
 
@@ -154,12 +138,5 @@ def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: in
 
 def split_for_data_parallel(samples: list[TrainSample], dp: int, dp_rank: int) -> tuple[list[TrainSample], list[int]]:
     """This DP rank's share, balanced by token count (greedy, deterministic), with step indices."""
-    load = [0] * dp
-    mine: list[int] = []
-    for i in sorted(range(len(samples)), key=lambda i: (-len(samples[i].tokens), i)):
-        r = min(range(dp), key=lambda r: (load[r], r))
-        load[r] += len(samples[i].tokens)
-        if r == dp_rank:
-            mine.append(i)
-    mine.sort()
+    mine = balance_by_tokens([len(s.tokens) for s in samples], dp)[dp_rank]
     return [samples[i] for i in mine], mine

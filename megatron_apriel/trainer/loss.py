@@ -66,6 +66,7 @@ class LossInputs(NamedTuple):
     adv_S: torch.Tensor  # float [S], advantage of each sequence
     truncated_S: torch.Tensor  # bool [S], finished by the length limit
     entropy_N: torch.Tensor | None = None  # float [N], optional, for metrics only
+    fresh_N: torch.Tensor | None = None  # bool [N], optional: loss tokens sampled by the weights being trained
 
 
 class LossOutput(NamedTuple):
@@ -154,6 +155,13 @@ def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
     }
     if inp.entropy_N is not None:
         m["entropy_sum"] = inp.entropy_N.detach()[tok].sum()
+    if inp.fresh_N is not None:
+        # on tokens the trained weights sampled themselves, |log pi_train - log pi_vllm| is pure
+        # train/inference drift (no policy change in between)
+        drift = log_ratio_N.detach()[tok & inp.fresh_N].abs()
+        m["drift_tokens"] = torch.tensor(float(drift.numel()))
+        m["drift_abs_sum"] = drift.sum() if drift.numel() else zero
+        m["drift_abs_max"] = drift.max() if drift.numel() else zero
     return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}
 
 
@@ -173,6 +181,11 @@ def finalize_metrics(totals: dict) -> dict:
     }
     if "entropy_sum" in totals:
         out["train/entropy"] = float(totals["entropy_sum"]) / tokens
+    if "drift_tokens" in totals:
+        out["train/drift_tokens_share"] = float(totals["drift_tokens"]) / tokens
+        if totals["drift_tokens"] > 0:
+            out["train/drift_abs_mean"] = float(totals["drift_abs_sum"]) / float(totals["drift_tokens"])
+            out["train/drift_abs_max"] = float(totals["drift_abs_max"])
     return out
 
 

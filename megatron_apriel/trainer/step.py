@@ -28,7 +28,7 @@ def token_logprobs(logits, mb: MicroBatch, ctx: ParallelContext, vocab_size: int
 def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
     logp, entropy = token_logprobs(logits, mb, ctx, vocab_size, cfg.temperature)
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
-                     mb.advantages, mb.truncated, entropy.flatten())
+                     mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten())
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float())
     return out.loss_sum, out.count, metrics

@@ -1,0 +1,72 @@
+"""Admission control: simulated actor and trainer, every trained group within max_lag."""
+
+import random
+
+import pytest
+
+from megatron_apriel.rollout.lag import may_admit, predicted_step
+from megatron_apriel.rollout.stream import TrainerProgress
+
+
+def progress(step=0, filled=0, cursor=0, version=0):
+    return TrainerProgress(step=step, filled=filled, cursor=cursor, version=version)
+
+
+def test_synchronous_mode_admits_one_step_only_after_the_push():
+    # trainer has read step 3's groups (filling step 4 next) but not yet pushed version 4
+    assert not may_admit(progress(step=4, version=3), 0, groups_per_step=2, max_lag=0, max_queued=100)
+    after_push = progress(step=4, version=4)
+    assert [may_admit(after_push, q, 2, 0, 100) for q in range(3)] == [True, True, False]
+    # one group of step 4 already read: one more may start
+    assert [may_admit(progress(step=4, filled=1, version=4), q, 2, 0, 100) for q in range(2)] == [True, False]
+
+
+def test_queue_cap_holds_without_a_lag_bound():
+    assert may_admit(progress(), 7, 4, None, max_queued=8) and not may_admit(progress(), 8, 4, None, max_queued=8)
+
+
+def test_predicted_step_counts_what_is_ahead():
+    assert predicted_step(progress(step=5, filled=3), position=0, groups_per_step=4) == 5
+    assert predicted_step(progress(step=5, filled=3), position=1, groups_per_step=4) == 6
+
+
+def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=(1, 6), in_flight=6):
+    """A discrete-time actor/trainer pair following the real protocol; returns the lag of every
+    trained group. Groups finish out of order and some are dropped by the filters."""
+    rng = random.Random(seed)
+    stream, running, lags = [], [], []  # stream: (min_version, dropped); running: [finish_tick, version]
+    prog = progress()
+    step, filled, cursor, version, busy_until, tick = 0, 0, 0, 0, 0, 0
+    while step < steps:
+        tick += 1
+        for r in [r for r in running if r[0] <= tick]:
+            running.remove(r)
+            stream.append((r[1], rng.random() < drop_rate))
+        while len(running) < in_flight and may_admit(prog, len(stream) - cursor + len(running), gps, max_lag, 10 * gps):
+            running.append([tick + rng.randint(*gen_ticks), prog.version])  # sampled at >= the published version
+        if tick < busy_until:
+            continue
+        if filled == gps:  # the step was trained: push, publish the new version
+            step, filled, version = step + 1, 0, step + 1
+        while filled < gps and cursor < len(stream):
+            v, dropped = stream[cursor]
+            cursor += 1
+            if dropped or (max_lag is not None and step - v > max_lag):
+                continue
+            lags.append(step - v)
+            filled += 1
+        if filled == gps:
+            busy_until = tick + train_ticks
+            prog = progress(step=step + 1, filled=0, cursor=cursor, version=version)
+        else:
+            prog = progress(step=step, filled=filled, cursor=cursor, version=version)
+    return lags
+
+
+@pytest.mark.parametrize("max_lag", [0, 1, 3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_simulated_run_never_exceeds_the_bound_and_uses_it(max_lag, seed):
+    lags = simulate(max_lag, gps=4, steps=60, seed=seed)
+    assert len(lags) >= 4 * 59 and max(lags) <= max_lag
+    if max_lag:
+        assert max(lags) == max_lag  # the bound is not just safe but reached: generation overlaps training
