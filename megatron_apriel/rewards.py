@@ -73,6 +73,12 @@ def length_penalty(length: int, max_len: int, buffer: int) -> float:
     return ((max_len - buffer) - length) / buffer
 
 
+def task_reward(score: float, truncated: bool) -> float:
+    """R: the verifier's score for a finished completion, 0 for one cut at the budget (the Apriel
+    configs' ``success_and_format`` table: only a finished answer earns reward)."""
+    return 0.0 if truncated else float(score)
+
+
 def group_solve_rate(correct: Sequence[bool]) -> float:
     """s = (#correct) / G for one group."""
     if len(correct) == 0:

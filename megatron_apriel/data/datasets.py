@@ -120,6 +120,9 @@ class ProblemPools:
     def size(self, domain: str) -> int:
         return len(self._pools.get(domain, ()))
 
+    def problems(self, domain: str) -> list[Problem]:
+        return self._pools.get(domain, [])
+
     def draw(self, domain: str, rng: random.Random) -> Problem:
         if not self._pools.get(domain):
             raise ValueError(f"no problems for domain {domain!r}; loaded domains: {list(self.domains)}. "

@@ -11,6 +11,12 @@ the behaviour log-probs (vLLM's processed log-probs: after temperature) and the 
 their tokens were sampled under, from vLLM's per-token version spans: a sequence generated
 across an in-flight weight update reports both versions.
 
+Version gate: with ``required_version`` set (the actor sets it to the version the trainer has
+pushed), a server is used only once it is known to serve at least that version (from its
+completions, or from ``/weight_info``, asked when it is unknown or behind). A restarted server, which
+comes back with its start-up weights, therefore takes no request until the trainer has sent it
+the current weights; ``mark_restarted`` forgets what was known of a server.
+
 Uses vLLM's token-in/token-out route ``/inference/v1/generate`` (``apriel-serve`` enables it).
 """
 
@@ -26,6 +32,7 @@ from typing import Optional
 
 import httpx
 
+from megatron_apriel.rollout.types import VersionSpan
 from megatron_apriel.weight_sync.protocol import parse_version_label
 
 log = logging.getLogger(__name__)
@@ -37,24 +44,19 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    """Stop strings (the server detokenises to find them; token ids still hold every token)."""
     ignore_eos: bool = False
     seed: Optional[int] = None
 
     def to_vllm(self, n: int) -> dict:
         params = {"n": n, "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                   "logprobs": 0, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids)}
+        if self.stop:
+            params["stop"] = list(self.stop)
         if self.seed is not None:
             params["seed"] = self.seed
         return params
-
-
-@dataclass(frozen=True)
-class VersionSpan:
-    """Completion tokens ``[start, end)`` were sampled by weights of ``version``."""
-
-    version: int
-    start: int
-    end: int
 
 
 @dataclass
@@ -91,6 +93,8 @@ class _Server:
     in_flight: int = 0
     down_until: float = 0.0
     failures: int = 0
+    version: Optional[int] = None
+    """Newest weight version known to be served (None: unknown)."""
 
 
 def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -> Completion:
@@ -98,7 +102,8 @@ def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -
     tokens = choice.get("token_ids") or []
     if len(content) != len(tokens):
         raise ValueError(f"{server} returned {len(tokens)} tokens but {len(content)} log-probs.")
-    spans = [VersionSpan(parse_version_label(s["version"]), s["start"], s["end"]) for s in choice.get("weight_versions") or []]
+    spans = [VersionSpan(version=parse_version_label(s["version"]), start=s["start"], end=s["end"])
+             for s in choice.get("weight_versions") or []]
     return Completion(prompt_token_ids=list(prompt), token_ids=list(tokens), logprobs=[c["logprob"] for c in content],
                       finish_reason=choice.get("finish_reason") or "", versions=spans, server=server, attempts=attempts)
 
@@ -110,9 +115,22 @@ class FleetClient:
             raise ValueError("FleetClient needs at least one server URL.")
         self.servers = [_Server(s.rstrip("/")) for s in servers]
         self.max_attempts, self.cooldown_s = max_attempts, cooldown_s
+        self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections),
                                        transport=transport)
         self._rr = itertools.count()
+        self.required_version = 0
+        """Servers known to serve an older version take no request (see the module docstring)."""
+
+    def add_server(self, url: str) -> None:
+        if url.rstrip("/") not in {s.url for s in self.servers}:
+            self.servers.append(_Server(url.rstrip("/")))
+
+    def mark_restarted(self, url: str) -> None:
+        """Forget the version of ``url`` (a new instance answers there): it is asked before use."""
+        for s in self.servers:
+            if s.url == url.rstrip("/"):
+                s.version = None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -120,17 +138,44 @@ class FleetClient:
     def in_flight(self) -> dict[str, int]:
         return {s.url: s.in_flight for s in self.servers}
 
-    def _pick(self) -> _Server:
+    def _current(self, s: _Server) -> bool:
+        return self.required_version == 0 or (s.version is not None and s.version >= self.required_version)
+
+    def _pick(self, candidates: list[_Server]) -> _Server:
         now = time.monotonic()
-        up = [s for s in self.servers if s.down_until <= now] or self.servers
+        up = [s for s in candidates if s.down_until <= now] or candidates
         tie = next(self._rr)
         return min(up, key=lambda s: (s.in_flight, (self.servers.index(s) - tie) % len(self.servers)))
+
+    async def _probe(self, server: _Server) -> None:
+        try:
+            response = await self._http.get(server.url + "/weight_info", timeout=10.0)
+            response.raise_for_status()
+            server.version = parse_version_label(response.json()["weight_version"])
+        except (httpx.TransportError, httpx.HTTPStatusError) as err:
+            server.down_until = time.monotonic() + self.cooldown_s
+            log.info("%s did not answer /weight_info (%s)", server.url, err)
+
+    async def _acquire(self) -> _Server:
+        """A server serving the required version; waits (up to ``timeout_s``) while none does."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            current = [s for s in self.servers if self._current(s)]
+            if current:
+                return self._pick(current)
+            await asyncio.gather(*(self._probe(s) for s in self.servers if s.down_until <= time.monotonic()))
+            if any(self._current(s) for s in self.servers):
+                continue
+            if time.monotonic() > deadline:
+                raise FleetUnavailable(f"no server reached weight version {self.required_version} in "
+                                       f"{self.timeout_s}s: {[(s.url, s.version) for s in self.servers]}")
+            await asyncio.sleep(min(self.cooldown_s, 1.0))
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingConfig, n: int = 1) -> list[Completion]:
         """``n`` completions of one prompt, from one server; retried elsewhere on server failure."""
         errors: list[str] = []
         for attempt in range(1, self.max_attempts + 1):
-            server = self._pick()
+            server = await self._acquire()
             wait = server.down_until - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -140,11 +185,15 @@ class FleetClient:
             except (httpx.TransportError, _Retryable) as err:
                 server.failures += 1
                 server.down_until = time.monotonic() + self.cooldown_s
+                server.version = None  # it may come back as a new instance
                 errors.append(f"{server.url}: {type(err).__name__}: {err}")
                 log.warning("generation attempt %d on %s failed (%s); retrying", attempt, server.url, err)
                 continue
             finally:
                 server.in_flight -= 1
+            seen = [c.last_version for c in out if c.versions]
+            if seen:
+                server.version = max(server.version or 0, max(seen))
             return out
         raise FleetUnavailable(f"no server completed the request in {self.max_attempts} attempts: " + " | ".join(errors))
 

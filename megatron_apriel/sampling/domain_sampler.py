@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 DOMAIN_MIX_PAPER: Mapping[str, float] = MappingProxyType(
     {"math": 0.40, "code": 0.25, "logic": 0.15, "ifeval": 0.10, "function_calling": 0.10})
@@ -52,12 +52,14 @@ DRAWS = ("low_discrepancy", "iid")
 _INV_GOLDEN = 0.6180339887498949  # 1 / golden ratio: the most evenly spreading additive step
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplerConfig:
     """Configuration of `AdaptiveDomainSampler`; composed into the run config by Hydra."""
 
-    weights: dict[str, float] = field(default_factory=lambda: dict(DOMAIN_MIX_PAPER))
-    """Unnormalised domain weights w_d; the target share of domain d is w_d / sum(w)."""
+    weights: Optional[dict[str, float]] = None
+    """Unnormalised domain weights w_d; the target share of domain d is w_d / sum(w). Null: the
+    paper's mix (DOMAIN_MIX_PAPER). A preset gives the whole mix: domains it leaves out are not
+    sampled (null, not a default dict, so that Hydra does not merge a preset's mix into it)."""
 
     min_completions: int = 50
     """Static sampling (p_d = t_d) until this many rollouts have completed in total."""
@@ -76,7 +78,7 @@ class SamplerConfig:
     or iid (the authors' code). Both pick domain d with probability p_d; see the module docstring."""
 
     def __post_init__(self) -> None:
-        _validate_weights(self.weights)
+        _validate_weights(self.mix)
         if self.min_completions < 0:
             raise ValueError(f"min_completions={self.min_completions}: must be >= 0 (50 in the recipe).")
         if not 0.0 < self.clip_low <= 1.0 <= self.clip_high:
@@ -85,8 +87,12 @@ class SamplerConfig:
         if self.draws not in DRAWS:
             raise ValueError(f"draws={self.draws!r}: use one of {DRAWS}.")
 
+    @property
+    def mix(self) -> dict[str, float]:
+        return dict(DOMAIN_MIX_PAPER if self.weights is None else self.weights)
+
     def build(self) -> AdaptiveDomainSampler:
-        return AdaptiveDomainSampler(self.weights, min_completions=self.min_completions,
+        return AdaptiveDomainSampler(self.mix, min_completions=self.min_completions,
                                      clip=(self.clip_low, self.clip_high), seed=self.seed, draws=self.draws)
 
 

@@ -43,6 +43,11 @@ def verify(domain: str, problem: Problem, completion: str) -> VerifierResult:
     return run_verifier(VERIFIERS[domain], problem, completion)
 
 
+def verify_group(domain: str, problem: Problem, completions: list[str]) -> list[VerifierResult]:
+    """`verify` for each completion of one group (one call into a process pool per group)."""
+    return [verify(domain, problem, c) for c in completions]
+
+
 def make_verifier_pool(max_workers: int) -> ProcessPoolExecutor:
     """A process pool whose workers start from a fresh interpreter (safe from a threaded parent)."""
     return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("forkserver"))
@@ -56,4 +61,4 @@ async def verify_async(domain: str, problem: Problem, completion: str,
 
 
 __all__ = ["VERIFIERS", "Outcome", "Verifier", "VerifierResult", "extract_final_response", "make_verifier_pool",
-           "run_verifier", "verify", "verify_async"]
+           "run_verifier", "verify", "verify_async", "verify_group"]

@@ -1,0 +1,251 @@
+"""The actor: an asyncio loop that turns problems into scored rollout groups in the stream.
+
+    sampler picks a domain -> next problem of that domain (seeded order) -> prompt through the
+    served model's chat template -> FleetClient.generate(n=G) -> verifiers in a process pool ->
+    task rewards, length penalty with DAP, advantages, zero-advantage filter -> the stream
+
+Many groups are in flight at once (``actor.max_in_flight``). Admission control
+(``rollout/lag.py``) reads the trainer's published progress and starts a group only if it will be
+trained within ``rollout.max_lag`` versions of the weights it is sampled with, and never lets more
+than ``actor.max_queued_steps`` steps' worth of groups wait ahead of the trainer. The sampler
+counts each finished rollout (a group adds G), as the recipe says. Groups are written as they
+finish (batched per ``flush_interval_s``), each segment with a snapshot of the actor's state, from
+which a restarted actor continues: it regenerates the groups that were in flight.
+
+Groups the trainer must not learn from are still written, marked ``dropped`` (their rollouts did
+complete, so the sampler and the stream agree): ``zero_advantage`` (every advantage ~0, dynamic
+sampling) and ``verifier_error`` (a verifier crashed on one of its rollouts: the verdict is not
+the model's, so the whole group is left out, and counted, rather than trained on a biased
+baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from megatron_apriel.data.order import DomainOrder
+from megatron_apriel.data.prompts import render_prompt
+from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
+                                     task_reward)
+from megatron_apriel.rollout.client import Completion, FleetClient, FleetUnavailable, SamplingConfig
+from megatron_apriel.rollout.lag import may_admit
+from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.rollout.stream import ActorSnapshot, PendingGroup, StreamWriter, TrainerProgress, read_progress
+from megatron_apriel.rollout.types import GroupTimings, Problem, Rollout, RolloutGroup
+from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, SamplerConfig
+
+log = logging.getLogger("megatron_apriel.actor")
+
+
+@dataclass
+class ActorConfig:
+    data: list[str] = field(default_factory=list)
+    """Problem files (jsonl or parquet, see tools/prepare_data.py); relative paths are taken from
+    the working directory. Every domain of the sampler's mix needs problems in them."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    max_in_flight: int = 256
+    """Groups being generated or verified at once (each asks the fleet for G sequences)."""
+    max_queued_steps: int = 4
+    """At most this many steps' worth of groups wait ahead of the trainer, whatever max_lag."""
+    verifier_workers: int = 4
+    """Processes that run the verifiers (the code sandbox and math-verify's timers need processes)."""
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    """Stop strings for vLLM (the token ids of the stop string stay in the completion)."""
+    max_prompt_tokens: int = 4096
+    """Longer rendered prompts are skipped (and counted); trainer.seq_len must fit this plus the budget."""
+    flush_interval_s: float = 1.0
+    """Finished groups are written at least this often (and at once when the trainer waits)."""
+    poll_s: float = 0.1
+    """How often the trainer's progress is read while nothing finishes."""
+    metrics_every_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.max_in_flight, self.max_queued_steps, self.verifier_workers, self.max_prompt_tokens) < 1:
+            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens must be >= 1.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"actor.top_p={self.top_p} must be in (0, 1].")
+        if min(self.flush_interval_s, self.poll_s, self.metrics_every_s) <= 0:
+            raise ValueError("actor.flush_interval_s, poll_s and metrics_every_s must be > 0.")
+
+
+def build_group(problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,
+                rewards: RewardConfig, admitted_version: int, timings: GroupTimings) -> RolloutGroup:
+    """Rewards, advantages and the drop rule for one finished, verified group (pure)."""
+    truncated = [c.finish_reason == "length" for c in completions]
+    scores = [task_reward(r.score, t) for r, t in zip(results, truncated)]
+    success = [r.success and not t for r, t in zip(results, truncated)]
+    lengths = [len(c.token_ids) for c in completions]
+    shaped = shape_group_rewards(rewards, scores, lengths, success, truncated)
+    adv = group_advantages(shaped, mode=rewards.advantage_mode, eps=rewards.advantage_eps)
+    dropped = None
+    if any(r.outcome.value == "verifier_error" for r in results):
+        dropped = "verifier_error"
+    elif rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, rewards.zero_advantage_tol):
+        dropped = "zero_advantage"
+    rollouts = [Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
+                        finish_reason=c.finish_reason, outcome=r.outcome.value, score=r.score, success=ok,
+                        reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts)
+                for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
+    return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
+                        rollouts=rollouts, admitted_version=admitted_version, dropped=dropped, timings=timings)
+
+
+class Actor:
+    def __init__(self, cfg: ActorConfig, rollout: RolloutConfig, rewards: RewardConfig, sampling: SamplingConfig,
+                 client: FleetClient, sampler: AdaptiveDomainSampler, order: DomainOrder, tokenizer,
+                 stream: StreamWriter, verify: Callable, metrics=None, members: Optional[Callable] = None):
+        """``verify(domain, problem, texts)`` is awaited and returns one VerifierResult per text;
+        ``members()``, if given, lists the fleet as (url, instance) pairs (``run_dir/fleet``): a
+        new server is used, a restarted one is asked for its version before it gets requests."""
+        self.cfg, self.rollout, self.rewards, self.sampling = cfg, rollout, rewards, sampling
+        self.client, self.sampler, self.order, self.tokenizer = client, sampler, order, tokenizer
+        self.stream, self.verify, self.metrics, self.members = stream, verify, metrics, members
+        self._instances: dict[str, str] = {}
+        self._last_members = 0.0
+        self.tasks: dict[asyncio.Task, PendingGroup] = {}
+        self.finished: list[RolloutGroup] = []
+        self.progress = TrainerProgress(step=0, filled=0, cursor=0, version=0)
+        self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0}
+        self._t0 = time.monotonic()
+        self._last_flush = self._last_metrics = time.monotonic()
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> ActorSnapshot:
+        return ActorSnapshot(next_seq=self.stream.next_seq + len(self.finished), sampler=self.sampler.state_dict(),
+                             order=self.order.state_dict(), in_flight=list(self.tasks.values()))
+
+    def restore(self) -> list[PendingGroup]:
+        """Continue from the stream's last snapshot; returns the groups to regenerate first."""
+        snap = self.stream.last_snapshot()
+        if snap is None:
+            return []
+        self.sampler.load_state_dict(snap.sampler)
+        self.order.load_state_dict(snap.order)
+        log.info("resumed at group %d (%d in flight regenerated)", snap.next_seq, len(snap.in_flight))
+        return list(snap.in_flight)
+
+    # -- one group -----------------------------------------------------------------------------
+    async def _group(self, pending: PendingGroup) -> Optional[RolloutGroup]:
+        problem = self.order.get(pending.problem_id)
+        prompt = render_prompt(self.tokenizer, problem)
+        if len(prompt) > self.cfg.max_prompt_tokens:
+            log.warning("problem %s: prompt of %d tokens > actor.max_prompt_tokens=%d, skipped", problem.id,
+                        len(prompt), self.cfg.max_prompt_tokens)
+            self.stats["skipped_prompts"] += 1
+            return None
+        submitted, t0 = time.time(), time.monotonic()
+        completions = await self.client.generate(prompt, self.sampling, n=self.rollout.group_size)
+        t1 = time.monotonic()
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        results = await self.verify(problem.domain, problem, texts)
+        timings = GroupTimings(submitted_at=submitted, generate_s=t1 - t0, verify_s=time.monotonic() - t1)
+        return build_group(problem, prompt, completions, results, self.rewards, pending.admitted_version, timings)
+
+    def _start(self, pending: PendingGroup) -> None:
+        self.tasks[asyncio.create_task(self._group(pending))] = pending
+
+    def _admit(self) -> None:
+        queued = self.stream.next_seq + len(self.finished) - self.progress.cursor + len(self.tasks)
+        max_queued = self.cfg.max_queued_steps * self.rollout.groups_per_step
+        while len(self.tasks) < self.cfg.max_in_flight and may_admit(
+                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued):
+            problem = self.order.next(self.sampler.sample())
+            self._start(PendingGroup(problem_id=problem.id, domain=problem.domain,
+                                     admitted_version=self.progress.version))
+            queued += 1
+
+    def _collect(self, done: set[asyncio.Task]) -> None:
+        for task in done:
+            pending = self.tasks.pop(task)
+            try:
+                group = task.result()
+            except FleetUnavailable as err:  # no server answered in time: try the same problem again
+                log.warning("group for %s failed on the fleet (%s); sending it again", pending.problem_id, err)
+                self.stats["fleet_retries"] += 1
+                self._start(pending)
+                continue
+            if group is None:
+                continue
+            self.sampler.record_completion(group.domain, len(group.rollouts))
+            self.finished.append(group)
+            self.stats["groups"] += 1
+            self.stats["tokens"] += sum(r.length for r in group.rollouts)
+
+    def _flush(self, force: bool = False) -> None:
+        trainer_waits = self.progress.cursor >= self.stream.next_seq
+        due = time.monotonic() - self._last_flush >= self.cfg.flush_interval_s
+        if self.finished and (force or due or trainer_waits or not self.tasks):
+            self.stream.append(self.finished, self.snapshot())
+            self.finished = []
+            self._last_flush = time.monotonic()
+
+    def _refresh_progress(self) -> None:
+        progress = read_progress(self.stream.root)
+        if progress is not None:
+            self.progress = progress
+        self.client.required_version = self.progress.version
+
+    def _refresh_members(self, every_s: float = 2.0) -> None:
+        if self.members is None or time.monotonic() - self._last_members < every_s:
+            return
+        self._last_members = time.monotonic()
+        for url, instance in self.members():
+            known = self._instances.get(url)
+            if known is None:
+                self.client.add_server(url)
+            elif known != instance:
+                log.warning("server %s restarted (new instance); it gets requests once it serves version %d",
+                            url, self.progress.version)
+                self.client.mark_restarted(url)
+            self._instances[url] = instance
+
+    def _log_metrics(self) -> None:
+        now = time.monotonic()
+        if self.metrics is None or now - self._last_metrics < self.cfg.metrics_every_s:
+            return
+        elapsed = now - self._t0
+        m = {"actor/in_flight": float(len(self.tasks)), "actor/groups_written": float(self.stream.next_seq),
+             "actor/gen_tokens_per_s": self.stats["tokens"] / elapsed,
+             "actor/skipped_prompts": float(self.stats["skipped_prompts"]),
+             "actor/fleet_retries": float(self.stats["fleet_retries"])}
+        m.update({f"actor/p/{d}": p for d, p in self.sampler.probabilities().items()})
+        self.metrics.log(m, self.progress.step)
+        self._last_metrics = now
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Generate until ``stop`` is set; then write what finished and cancel the rest."""
+        for pending in self.restore():
+            self._start(pending)
+        try:
+            while not stop.is_set():
+                self._refresh_progress()
+                self._refresh_members()
+                self._admit()
+                if self.tasks:
+                    done, _ = await asyncio.wait(self.tasks, timeout=self.cfg.poll_s,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    self._collect(done)
+                else:
+                    await asyncio.sleep(self.cfg.poll_s)
+                self._flush()
+                self._log_metrics()
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            for pending, result in zip(self.tasks.values(), await asyncio.gather(*self.tasks, return_exceptions=True)):
+                if isinstance(result, Exception):
+                    log.error("group for %s failed while stopping: %r", pending.problem_id, result)
+            self._flush(force=True)
+
+
+def load_tokenizer(model_dir: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))

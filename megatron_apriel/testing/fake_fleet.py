@@ -1,0 +1,70 @@
+"""A zero-latency stand-in for the vLLM fleet and the tokenizer, at the HTTP seam.
+
+`FakeFleet` answers ``/inference/v1/generate`` and ``/weight_info`` through an
+``httpx.MockTransport``, so a real `FleetClient` and a real `Actor` run against it unchanged. Each
+completion is the text of an answer to the problem's "What is a + b?" prompt, right with
+probability ``accuracy``, encoded one byte per token by `ByteTokenizer`; its log-probs are a fixed
+function of the tokens and its version span is the fleet's current ``version``. Used by the
+actor's tests and by ``benchmarks/loop.py`` (the actor's own overhead per rollout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+
+import httpx
+
+from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
+
+_SUM = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+class ByteTokenizer:
+    """Chat template = the last message's bytes; decode = bytes back to text."""
+
+    eos_token_id = 0
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=True,
+                            return_dict=False) -> list[int]:
+        return list(messages[-1]["content"].encode()) or [1]
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return bytes(i for i in ids if i).decode(errors="replace")
+
+
+class FakeFleet:
+    def __init__(self, accuracy: float = 0.5, seed: int = 0, max_delay_s: float = 0.0):
+        """``max_delay_s``: each generation takes a uniform random time up to this (0: instant)."""
+        self.accuracy, self.version, self.max_delay_s = accuracy, 0, max_delay_s
+        self.rng = random.Random(seed)
+        self.requests = 0
+
+    def _answer(self, prompt: str) -> list[int]:
+        m = _SUM.search(prompt)
+        value = int(m.group(1)) + int(m.group(2)) if m else 0
+        if self.rng.random() >= self.accuracy:
+            value += self.rng.randint(1, 3)
+        return list(f"{BEGIN_FINAL}\\boxed{{{value}}}{END_FINAL}".encode())
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.max_delay_s and request.url.path != "/weight_info":
+            await asyncio.sleep(self.rng.uniform(0, self.max_delay_s))
+        if request.url.path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": str(self.version)})
+        body = json.loads(request.content)
+        self.requests += 1
+        prompt = bytes(body["token_ids"]).decode(errors="replace")
+        label = str(self.version)
+        choices = []
+        for i in range(body["sampling_params"]["n"]):
+            tokens = self._answer(prompt)
+            choices.append({"index": i, "finish_reason": "stop", "token_ids": tokens,
+                            "weight_versions": [{"version": label, "start": 0, "end": len(tokens)}],
+                            "logprobs": {"content": [{"token_id": t, "logprob": -0.01 * (t % 7)} for t in tokens]}})
+        return httpx.Response(200, json={"choices": choices})
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
