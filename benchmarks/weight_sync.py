@@ -163,9 +163,9 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     ctx = init_parallel(ParallelConfig())
     arch = ModelArch.from_hf_dir(model_dir)
     model = build_model(ModelConfig(hf_path=model_dir), ctx)
-    sender = WeightSender(WeightSyncConfig(servers=[url], advertise_host="127.0.0.1", base_port=free_port()),
+    sender = WeightSender(WeightSyncConfig(advertise_host="127.0.0.1", base_port=free_port()), [url],
                           model, ctx, arch.vocab_size, table_to_hf(arch))
-    sender.connect()
+    sender.ensure_connected()
     reports, completions = [], []
 
     async def decode():

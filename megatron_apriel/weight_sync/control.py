@@ -13,11 +13,27 @@ from typing import Optional
 
 import httpx
 
-from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult, version_label
+from megatron_apriel.weight_sync.protocol import (TransferInit, UpdateRequest, UpdateResult, parse_version_label,
+                                                  version_label)
 
 
 class ServerError(RuntimeError):
     pass
+
+
+def probe_versions(servers: list[str], timeout_s: float = 5.0) -> dict[str, Optional[int]]:
+    """Each server's served weight version (``/weight_info``), or None if it does not answer."""
+    def one(url: str) -> Optional[int]:
+        try:
+            response = httpx.get(url + "/weight_info", timeout=timeout_s)
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        return parse_version_label(response.json()["weight_version"])
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(servers)))) as pool:
+        return dict(zip(servers, pool.map(one, servers)))
 
 
 class WeightSyncControl:

@@ -2,9 +2,16 @@
 
 Call on every trainer rank (never imports vLLM)::
 
-    sender = WeightSender(WeightSyncConfig(servers=[...]), model, ctx, vocab_size, to_hf)
-    sender.connect()                      # once: join the per-stage groups
+    sender = WeightSender(WeightSyncConfig(), members, model, ctx, vocab_size, to_hf)
     report = sender.push(version=step)    # after each optimizer step (or every k steps)
+
+``members`` is the fleet: a list of server URLs, or a function returning ``(url, instance)``
+pairs (the run directory's registrations, ``rollout/fleet.py``). Before each push the coordinator
+checks the fleet: on the first push, when a server joined, left or restarted (a new instance, or
+a version other than the last one pushed), every rank drops its groups and the whole fleet joins
+new ones (``connect``), so a restarted or late server gets the current weights with the next
+push. Until then it serves its start-up weights, under their own version label; the actor's
+client does not send it requests (``rollout/client.py``, version gate).
 
 Roles: each pipeline stage's sender is its (tp_rank 0, dp_rank 0) rank; the other TP ranks of
 that replica only take part in the TP gathers; other DP replicas do nothing but wait for the
@@ -25,28 +32,32 @@ cross-stage collective (the report) comes after every stage finished sending.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.control import WeightSyncControl
+from megatron_apriel.weight_sync.control import WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.weight_sync.source import StageWeights, ToHF
 from megatron_apriel.weight_sync.stream import BucketHook, DoubleBuffer, send_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
+log = logging.getLogger("megatron_apriel")
+
+Member = tuple[str, str]
+"""A fleet member: (base URL, instance id; "" when unknown)."""
+Members = Union[Sequence[str], Callable[[], list[Member]]]
 
 
 @dataclass
 class WeightSyncConfig:
-    servers: list[str] = field(default_factory=list)
-    """Base URLs of the vLLM servers (``apriel-serve``), e.g. ``http://node7:8000``."""
     bucket_bytes: int = B.DEFAULT_BUCKET_BYTES
     """Bucket payload size; two buckets per stage sender are alive at once."""
     backend: str = "auto"
@@ -69,9 +80,10 @@ class WeightSyncConfig:
 
 
 class WeightSender:
-    def __init__(self, cfg: WeightSyncConfig, model, ctx: ParallelContext, vocab_size: int, to_hf: ToHF,
-                 on_bucket: Optional[BucketHook] = None):
+    def __init__(self, cfg: WeightSyncConfig, members: Members, model, ctx: ParallelContext, vocab_size: int,
+                 to_hf: ToHF, on_bucket: Optional[BucketHook] = None):
         self.cfg, self.ctx = cfg, ctx
+        self.members = members if callable(members) else (lambda urls=tuple(members): [(u, "") for u in urls])
         self.backend = cfg.backend if cfg.backend != "auto" else ("nccl" if ctx.device.type == "cuda" else "gloo")
         self.device = ctx.device if self.backend == "nccl" else torch.device("cpu")
         self.algo = cfg.checksum
@@ -81,10 +93,56 @@ class WeightSender:
         self.is_coordinator = ctx.rank == 0
         self.on_bucket = on_bucket
         self.group: Optional[StageGroup] = None
-        self.control = WeightSyncControl(cfg.servers, cfg.timeout_s) if self.is_coordinator else None
+        self.control: Optional[WeightSyncControl] = None
+        self.connected: Optional[list[Member]] = None
+        self.last_version: Optional[int] = None
+        self.reconnects = 0
         self._buffers = DoubleBuffer(self.device)
         self._layouts: Optional[list] = None
         """The stage's bucket plan: fixed by the model's structure, so made once."""
+
+    def _live_members(self) -> tuple[list[Member], dict[str, Optional[int]]]:
+        """The fleet's members that answer, with their versions; waits (up to timeout_s) for one."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while True:
+            members = sorted(self.members())
+            versions = probe_versions([url for url, _ in members])
+            live = [m for m in members if versions[m[0]] is not None]
+            if live:
+                return live, versions
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no vLLM server of {[u for u, _ in members] or 'the fleet'} answered for "
+                                   f"{self.cfg.timeout_s}s: list them in fleet.servers or start them with "
+                                   "--register-dir run_dir/fleet, and check their logs.")
+            time.sleep(1.0)
+
+    def _fleet_changed(self) -> Optional[list[Member]]:
+        """Coordinator: the fleet to (re)connect to, or None if the connected one is intact. A
+        server that does not answer is left out until it is back (registered again)."""
+        live, versions = self._live_members()
+        if live != self.connected:
+            if self.connected is not None:
+                log.warning("fleet changed: %s -> %s; reconnecting", self.connected, live)
+            return live
+        stale = {url: versions[url] for url, _ in live if versions[url] != self.last_version}
+        if stale and self.last_version is not None:
+            log.warning("servers %s serve versions %s, not %s (restarted?): reconnecting the fleet", sorted(stale),
+                        sorted(stale.values()), self.last_version)
+            return live
+        return None
+
+    def ensure_connected(self) -> None:
+        """(Re)join the stage groups if the fleet changed (every rank calls)."""
+        change = [self._fleet_changed() if self.is_coordinator else None]
+        dist.broadcast_object_list(change, src=0)
+        if change[0] is None:
+            return
+        self.close()
+        if self.is_coordinator:
+            self.control = WeightSyncControl([url for url, _ in change[0]], self.cfg.timeout_s)
+        self.connect()
+        self.connected = change[0]
+        self.reconnects += 1
 
     def connect(self) -> None:
         """Join the stage groups (every rank calls; only stage senders join a group)."""
@@ -122,6 +180,7 @@ class WeightSender:
     def push(self, version: int) -> SyncReport:
         """Send this step's weights as ``version``; returns the (coordinator's) report on every rank."""
         t0 = time.perf_counter()
+        self.ensure_connected()
         if self.is_coordinator:
             self.control.start()
         nbytes = nbuckets = 0
@@ -132,6 +191,7 @@ class WeightSender:
         send_s = time.perf_counter() - t0
         report = [self._finish(version, t0, send_s, nbytes, nbuckets) if self.is_coordinator else None]
         dist.broadcast_object_list(report, src=0)
+        self.last_version = version
         return report[0]
 
     def _finish(self, version: int, t0: float, send_s: float, nbytes: int, nbuckets: int) -> SyncReport:
@@ -152,5 +212,7 @@ class WeightSender:
     def close(self) -> None:
         if self.group is not None:
             self.group.close()
+            self.group = None  # drops its TCPStore, so the stage's port can be bound again
         if self.control is not None:
             self.control.close()
+            self.control = None

@@ -70,10 +70,10 @@ def main():
     arch = ModelArch.from_hf_dir(args.model)
     model = build_model(ModelConfig(hf_path=args.model), ctx)
     base = hf_to_canonical(load_file(str(Path(args.model) / "model.safetensors")), arch)
-    sender = WeightSender(WeightSyncConfig(servers=[args.server], bucket_bytes=args.bucket_bytes,
-                                           advertise_host="127.0.0.1", base_port=args.port, timeout_s=120),
-                          model, ctx, arch.vocab_size, table_to_hf(arch))
-    sender.connect()
+    sender = WeightSender(WeightSyncConfig(bucket_bytes=args.bucket_bytes, advertise_host="127.0.0.1",
+                                           base_port=args.port, timeout_s=120),
+                          [args.server], model, ctx, arch.vocab_size, table_to_hf(arch))
+    sender.ensure_connected()
     rank = dist.get_rank()
     if rank == 0:
         (work / "ready").touch()
