@@ -3,12 +3,15 @@
 The dataclasses are registered in Hydra's ConfigStore as the schema ``run_schema``; the YAML
 presets in ``conf/`` hold overrides only. Hydra rejects unknown keys and ill-typed values (naming
 the key); ``to_run_config`` then builds the dataclasses, whose ``__post_init__`` checks ranges and
-says how to fix a bad value.
+says how to fix a bad value. ``RunConfig`` checks what spans components: one output budget
+(``rewards.max_len`` is vLLM's ``max_tokens``; ``trainer.seq_len`` must hold the longest prompt
+plus it) and one temperature (``loss.temperature`` is also the sampling temperature).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -17,11 +20,13 @@ from megatron_apriel.model.provider import ModelConfig
 from megatron_apriel.model.wrap import OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
 from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.local import LocalRolloutConfig
+from megatron_apriel.rollout.actor import ActorConfig
+from megatron_apriel.rollout.fleet import FleetConfig
+from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.testing.tiny_task import TinyBaseConfig
 from megatron_apriel.trainer.checkpoint import CheckpointConfig
 from megatron_apriel.trainer.loss import LossConfig
-
-ROLLOUT_SOURCES = ("local",)
+from megatron_apriel.weight_sync.sender import WeightSyncConfig
 
 
 @dataclass
@@ -42,27 +47,21 @@ class TrainerConfig:
 
 
 @dataclass
-class RolloutConfig:
-    source: str = "local"
-    """Where rollouts come from. local: the trainer samples from its own model (toy reward, CPU
-    runs and tests). The vLLM fleet source arrives with the actor."""
-    local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
-
-    def __post_init__(self) -> None:
-        if self.source not in ROLLOUT_SOURCES:
-            raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {ROLLOUT_SOURCES}.")
-
-
-@dataclass
 class LaunchConfig:
+    nnodes: int = 1
+    """Trainer nodes. ``apriel-train`` launches one machine; more run under srun/torchrun on each node."""
     nproc_per_node: int = 1
-    """Trainer ranks started by ``apriel-train`` on this machine when not already under torchrun/srun."""
+    """Trainer ranks per node (on this machine: started by ``apriel-train`` when not under torchrun/srun)."""
     master_port: int = 0
     """Rendezvous port for those ranks; 0 picks a free one (two runs on one machine never collide)."""
+    dry_run: bool = False
+    """Print the processes, ranks and resources the run would start, then exit."""
+    export_hf: bool = True
+    """Convert the final checkpoint into run_dir/hf/ (loadable by transformers, servable by apriel-serve)."""
 
     def __post_init__(self) -> None:
-        if self.nproc_per_node < 1:
-            raise ValueError("launch.nproc_per_node must be >= 1.")
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ValueError("launch.nnodes and launch.nproc_per_node must be >= 1.")
         if not 0 <= self.master_port < 65536:
             raise ValueError(f"launch.master_port={self.master_port} is not a port; use 0 for a free one.")
 
@@ -70,7 +69,7 @@ class LaunchConfig:
 @dataclass
 class RunConfig:
     run_dir: str = "runs/default"
-    """Everything the run writes goes here: config.yaml, tensorboard/, checkpoints/, rollouts/, hf/."""
+    """Everything the run writes goes here: config.yaml, tensorboard/, checkpoints/, rollouts/, hf/, logs/."""
     seed: int = 1234
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -78,9 +77,32 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    tiny_base: TinyBaseConfig = field(default_factory=TinyBaseConfig)
+
+    def __post_init__(self) -> None:
+        if self.tiny_base.enabled:
+            base = str(Path(self.run_dir) / "base")
+            if self.model.hf_path not in (None, base):
+                raise ValueError(f"tiny_base.enabled builds the model into {base}, but model.hf_path="
+                                 f"{self.model.hf_path}: leave model.hf_path unset or turn tiny_base off.")
+            self.model.hf_path = base
+        budget = self.rewards.max_len
+        if self.rollout.source == "local":
+            need, what = self.rollout.local.prompt_len + budget, f"rollout.local.prompt_len={self.rollout.local.prompt_len}"
+        else:
+            need, what = self.actor.max_prompt_tokens + budget, f"actor.max_prompt_tokens={self.actor.max_prompt_tokens}"
+        if self.trainer.seq_len < need:
+            raise ValueError(f"trainer.seq_len={self.trainer.seq_len} cannot hold a prompt of {what} plus the output "
+                             f"budget rewards.max_len={budget}: set trainer.seq_len>={need} or lower one of them.")
+        if self.rollout.source == "fleet" and not (self.model.hf_path or self.tiny_base.enabled):
+            raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
+                             "Face model directory.")
 
 
 def register_configs() -> None:

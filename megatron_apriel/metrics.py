@@ -6,6 +6,7 @@ Only the logging rank (last pipeline stage, first TP/DP rank) writes. Keys are n
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Protocol
@@ -21,10 +22,10 @@ class MetricLogger(Protocol):
 
 class ConsoleLogger:
     def __init__(self, keys: tuple[str, ...] = ()):
-        self.keys = keys  # shown first, in this order; the rest follow sorted
+        self.keys = keys  # shown, in this order (all of them, sorted, when empty); TensorBoard has the rest
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        ordered = [k for k in self.keys if k in metrics] + sorted(k for k in metrics if k not in self.keys)
+        ordered = [k for k in self.keys if k in metrics] if self.keys else sorted(metrics)
         log.info("step %d | %s", step, " ".join(f"{k.split('/')[-1]}={metrics[k]:.4g}" for k in ordered))
 
     def close(self) -> None:
@@ -46,6 +47,22 @@ class TensorBoardLogger:
         self.writer.close()
 
 
+class JsonlLogger:
+    """One JSON object per step (``{"step": n, ...metrics}``) appended to a file: what the launcher's
+    progress display and scripts (jq, pandas) read."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class MultiLogger:
     def __init__(self, *loggers: MetricLogger):
         self.loggers = loggers
@@ -59,9 +76,16 @@ class MultiLogger:
             logger.close()
 
 
+CONSOLE_KEYS = ("rollout/reward", "rollout/success", "train/loss", "train/grad_norm", "train/clip_fraction",
+                "train/drift_abs_mean", "rollout/lag_mean", "sync/total_s", "time/step_s")
+"""Shown first on each step's console line, in this order."""
+METRICS_FILE = "logs/metrics.jsonl"
+
+
 def build_logger(run_dir: Path, enabled: bool) -> MetricLogger:
-    """TensorBoard under ``run_dir/tensorboard`` plus the console, on the logging rank only."""
+    """TensorBoard under ``run_dir/tensorboard``, the console and ``run_dir/logs/metrics.jsonl``,
+    on the logging rank only."""
     if not enabled:
         return MultiLogger()
-    keys = ("train/loss", "rollout/reward", "train/grad_norm", "train/ratio_mean", "train/clip_fraction")
-    return MultiLogger(ConsoleLogger(keys), TensorBoardLogger(run_dir / "tensorboard"))
+    return MultiLogger(ConsoleLogger(CONSOLE_KEYS), TensorBoardLogger(run_dir / "tensorboard"),
+                       JsonlLogger(run_dir / METRICS_FILE))

@@ -1,18 +1,20 @@
-"""``apriel-train``: the Hydra entry point of a whole run.
+"""``apriel-train``: the Hydra entry point of a whole run, and of each trainer rank.
 
-One CPU machine, the tiny default (starts its own 2 trainer ranks):
+One CPU machine, the tiny recipe (vLLM server, actor and 2 trainer ranks, all started here):
     apriel-train --config-name tiny_cpu
-Under torchrun or srun (RANK/WORLD_SIZE set), each rank runs the trainer directly:
+Under torchrun or srun (RANK/WORLD_SIZE set), each rank runs the trainer directly; the servers
+and the actor run elsewhere (``apriel-serve``, ``python -m megatron_apriel.entrypoints.actor``):
     torchrun --nproc_per_node 8 -m megatron_apriel.entrypoints.train --config-name apriel_15b model.hf_path=...
 Any key can be overridden on the command line (``optim.lr=1e-6 parallel.tp=2``).
+
+This module is the trainer's composition root: it builds the model stage, the optimizer, the
+rollout source and the weight sender from the config and hands them to ``Trainer``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -20,41 +22,92 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.config import RunConfig, register_configs, to_run_config
-from megatron_apriel.parallel.rendezvous import free_port
 
 log = logging.getLogger("megatron_apriel")
 register_configs()
 
 
-def _relaunch(run: RunConfig) -> int:
-    """Start ``launch.nproc_per_node`` ranks of this same command under torch.distributed.run."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(run.launch.nproc_per_node),
-           "--master_port", str(run.launch.master_port or free_port()), "-m", "megatron_apriel.entrypoints.train",
-           *sys.argv[1:], f"run_dir={run.run_dir}"]
-    log.info("launching %d trainer ranks: %s", run.launch.nproc_per_node, " ".join(cmd))
-    return subprocess.run(cmd, check=False).returncode
-
-
-def _setup_logging() -> None:
+def setup_logging(component: str = "rank") -> None:
     rank = int(os.environ.get("RANK", "0"))
+    label = f"rank{rank}" if component == "rank" else component
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[%(asctime)s rank{rank}] %(message)s", datefmt="%H:%M:%S")
+                        format=f"[%(asctime)s {label}] %(message)s", datefmt="%H:%M:%S", force=True)
     logging.getLogger("megatron").setLevel(logging.WARNING)  # Megatron logs every config at INFO
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     # Expected on CPU: Megatron announces each torch fallback for the absent Apex/TE kernels.
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed.*")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
+def _local_source(run: RunConfig, ctx, parts):
+    from megatron_apriel.rollout.local import LocalRolloutSource
+
+    return LocalRolloutSource(run.rollout, parts.chunks[0], ctx, parts.arch.vocab_size, run.loss.temperature,
+                              run.rewards)
+
+
+def _stream_source(run: RunConfig, ctx, parts):
+    from megatron_apriel.rollout.source import StreamSource
+
+    return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix)
+
+
+ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source}
+"""``rollout.source`` -> builder of the trainer's `RolloutSource`."""
+
+
+def fleet_members(run: RunConfig):
+    """The fleet as the weight sender sees it: fixed URLs, or the run directory's registrations."""
+    from megatron_apriel.rollout.fleet import FLEET_DIR, registered, wait_for_fleet
+
+    if run.fleet.servers:
+        return list(run.fleet.servers)
+    fleet_dir = Path(run.run_dir) / FLEET_DIR
+    wait_for_fleet(fleet_dir, run.fleet.num_servers, run.fleet.startup_timeout_s)
+    return lambda: [(r.url, r.instance) for r in registered(fleet_dir)]
+
+
+def build_sender(run: RunConfig, ctx, parts):
+    from megatron_apriel.convert.hf_io import HFReader
+    from megatron_apriel.convert.mapping import detect_layout
+    from megatron_apriel.weight_sync.sender import WeightSender
+    from megatron_apriel.weight_sync.source import table_to_hf
+
+    served = HFReader(run.model.hf_path)
+    layout = detect_layout(served.files.keys(), served.config)  # the served checkpoint's own key layout
+    members = fleet_members(run) if ctx.rank == 0 else []
+    return WeightSender(run.weight_sync, members, parts.chunks[0].module, ctx, parts.arch.vocab_size,
+                        table_to_hf(parts.arch, layout))
+
+
+def build_trainer(run: RunConfig, ctx):
+    from megatron_apriel.metrics import build_logger
+    from megatron_apriel.model.provider import build_model
+    from megatron_apriel.model.wrap import build_optimizer, wrap_model
+    from megatron_apriel.trainer.trainer import ModelParts, Trainer
+
+    chunks = wrap_model(build_model(run.model, ctx), ctx)
+    optimizer, scheduler = build_optimizer(chunks, run.optim, ctx, total_steps=run.trainer.steps)
+    parts = ModelParts(run.model.resolve_arch(), chunks, optimizer, scheduler)
+    source = ROLLOUT_SOURCES[run.rollout.source](run, ctx, parts)
+    sender = build_sender(run, ctx, parts) if run.rollout.source == "fleet" else None
+    logger = build_logger(Path(run.run_dir), enabled=ctx.is_logging_rank)
+    return Trainer(run, ctx, parts, source, logger, sender)
+
+
 def run_trainer(run: RunConfig, raw: DictConfig) -> None:
     from megatron_apriel.parallel.groups import destroy_parallel, init_parallel
-    from megatron_apriel.trainer.trainer import Trainer
 
     ctx = init_parallel(run.parallel, seed=run.seed)
     try:
         if ctx.rank == 0:
             Path(run.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run.run_dir) / "config.yaml").write_text(OmegaConf.to_yaml(raw))
-        history = Trainer(run, ctx).run()
+        trainer = build_trainer(run, ctx)
+        try:
+            history = trainer.run()
+        finally:
+            trainer.close()
         if ctx.is_logging_rank and history:
             log.info("done: %d steps, final reward %.4f", len(history), history[-1].get("rollout/reward", float("nan")))
     finally:
@@ -63,15 +116,14 @@ def run_trainer(run: RunConfig, raw: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
 def _main(cfg: DictConfig) -> None:
-    _setup_logging()
+    setup_logging()
     run = to_run_config(cfg)
-    under_launcher = "RANK" in os.environ
-    if not under_launcher and run.launch.nproc_per_node > 1:
-        sys.exit(_relaunch(run))
-    if not under_launcher:  # a single rank without a launcher: be our own rendezvous
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(run.launch.master_port or free_port()))
-    run_trainer(run, cfg)
+    if "RANK" in os.environ:  # a trainer rank under torchrun / srun
+        run_trainer(run, cfg)
+        return
+    from megatron_apriel.entrypoints.launch import launch
+
+    raise SystemExit(launch(run, cfg))
 
 
 def main() -> None:

@@ -6,11 +6,25 @@ import torch
 import torch.distributed as dist
 
 
+def _device() -> torch.device:
+    """Where the default group's collectives run: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on at least one (e.g. a stop signal)."""
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` from rank ``src`` on every rank (picklable; small control data, not tensors)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=_device())
+    return box[0]
 
 
 def barrier() -> None:
@@ -23,3 +37,16 @@ def world_rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size()
+
+
+def all_reduce_sum(t: torch.Tensor, group) -> torch.Tensor:
+    """Sum of ``t`` over ``group`` (in place; returned for convenience)."""
+    dist.all_reduce(t, group=group)
+    return t
+
+
+def all_gather_cat(t: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
+    """Every rank's ``t`` of ``group``, concatenated along ``dim`` in rank order."""
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)

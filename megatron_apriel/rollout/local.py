@@ -13,30 +13,13 @@ Each data-parallel rank samples its own share of the prompts; TP ranks sample id
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.distributed as dist
 
+from megatron_apriel.parallel.collectives import all_gather_cat, all_reduce_sum
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.rewards import RewardConfig, group_advantages, is_zero_advantage_group
-from megatron_apriel.trainer.batch import TrainSample
-
-
-@dataclass
-class LocalRolloutConfig:
-    prompts_per_step: int = 8
-    """Prompts per optimizer step (over all DP ranks); each gets ``group_size`` completions."""
-    group_size: int = 4
-    prompt_len: int = 6
-    max_new_tokens: int = 12
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ValueError("rollout.local.group_size must be >= 2 (advantages compare a group's rollouts).")
-        if min(self.prompts_per_step, self.prompt_len, self.max_new_tokens) < 1:
-            raise ValueError("rollout.local.prompts_per_step, prompt_len and max_new_tokens must be >= 1.")
+from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.rollout.types import TrainSample
 
 
 def lower_half_reward(completion: list[int], vocab_size: int) -> float:
@@ -44,27 +27,28 @@ def lower_half_reward(completion: list[int], vocab_size: int) -> float:
 
 
 class LocalRolloutSource:
-    def __init__(self, cfg: LocalRolloutConfig, model, ctx: ParallelContext, vocab_size: int, temperature: float,
+    """``rollout.groups_per_step`` prompts of ``rollout.local.prompt_len`` random tokens per step,
+    each with ``group_size`` completions of ``rewards.max_len`` tokens."""
+
+    def __init__(self, cfg: RolloutConfig, model, ctx: ParallelContext, vocab_size: int, temperature: float,
                  rewards: RewardConfig):
         if ctx.dims.pp > 1:
             raise ValueError("rollout.source=local samples with the trainer model and needs parallel.pp=1.")
-        if cfg.prompts_per_step < ctx.dims.dp:
-            raise ValueError(f"rollout.local.prompts_per_step={cfg.prompts_per_step} < dp={ctx.dims.dp}: every "
+        if cfg.groups_per_step < ctx.dims.dp:
+            raise ValueError(f"rollout.groups_per_step={cfg.groups_per_step} < dp={ctx.dims.dp}: every "
                              "data-parallel rank needs at least one prompt.")
         self.cfg, self.model, self.ctx = cfg, model, ctx
         self.vocab_size, self.temperature = vocab_size, temperature
         self.rewards = rewards
 
     def _generator(self, step: int, index: int) -> torch.Generator:
-        return torch.Generator().manual_seed(hash((self.cfg.seed, step, index)) % (2**63))
+        return torch.Generator().manual_seed(hash((self.cfg.local.seed, step, index)) % (2**63))
 
     def _next_token_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
         logits = self.model(tokens, positions, None)[:, -1, :].float()  # [G, V/tp]
         if self.ctx.dims.tp > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.ctx.dims.tp)]
-            dist.all_gather(parts, logits, group=self.ctx.pgs.tp)
-            logits = torch.cat(parts, dim=-1)
+            logits = all_gather_cat(logits, self.ctx.pgs.tp)
         return logits[:, : self.vocab_size].cpu()
 
     @torch.no_grad()
@@ -72,7 +56,7 @@ class LocalRolloutSource:
         """``G`` completions of one prompt: tokens ``[G, P + T]`` and behaviour log-probs ``[G, T]``."""
         tokens = torch.tensor(prompt).repeat(self.cfg.group_size, 1)
         logps = []
-        for _ in range(self.cfg.max_new_tokens):
+        for _ in range(self.rewards.max_len):
             logp_all = torch.log_softmax(self._next_token_logits(tokens.to(self.ctx.device)) / self.temperature, -1)
             nxt = torch.multinomial(logp_all.exp(), 1, generator=gen)  # [G, 1]
             logps.append(logp_all.gather(-1, nxt))
@@ -87,14 +71,17 @@ class LocalRolloutSource:
         if state:
             raise ValueError(f"the local rollout source keeps no state, got {sorted(state)}.")
 
+    def weights_updated(self, version: int) -> None:
+        """Nothing to do: it samples from the trainer's own weights."""
+
     def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
         """This DP rank's samples for ``step`` and the step's rollout metrics (over all ranks)."""
         was_training = self.model.training
         self.model.eval()
         samples, rewards, kept = [], [], 0
-        for index in range(self.ctx.dp_rank, self.cfg.prompts_per_step, self.ctx.dims.dp):
+        for index in range(self.ctx.dp_rank, self.cfg.groups_per_step, self.ctx.dims.dp):
             gen = self._generator(step, index)
-            prompt = torch.randint(0, self.vocab_size, (self.cfg.prompt_len,), generator=gen).tolist()
+            prompt = torch.randint(0, self.vocab_size, (self.cfg.local.prompt_len,), generator=gen).tolist()
             tokens, logps = self.sample_group(prompt, gen)
             group_rewards = [lower_half_reward(t[len(prompt):].tolist(), self.vocab_size) for t in tokens]
             rewards += group_rewards
@@ -104,9 +91,9 @@ class LocalRolloutSource:
             kept += 1
             samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a)) for t, lp, a in zip(tokens, logps, adv)]
         self.model.train(was_training)
-        totals = torch.tensor([sum(rewards), len(rewards), kept], dtype=torch.float64)
+        totals = torch.tensor([sum(rewards), len(rewards), kept], dtype=torch.float64, device=self.ctx.device)
         if self.ctx.dims.dp > 1:
-            dist.all_reduce(totals, group=self.ctx.pgs.dp)
+            all_reduce_sum(totals, self.ctx.pgs.dp)
         groups = totals[1].item() / self.cfg.group_size
         return samples, {"rollout/reward": totals[0].item() / totals[1].item(),
                          "rollout/groups_filtered": groups - totals[2].item()}

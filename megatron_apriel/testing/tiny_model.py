@@ -13,6 +13,7 @@ import argparse
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
@@ -44,27 +45,30 @@ def _corpus(n: int) -> list[str]:
     return [str(p) for p in files]
 
 
-def build_tokenizer(spec: TinySpec):
+def build_tokenizer(spec: TinySpec, extra_corpus: Sequence[str] = ()):
+    """BPE over the standard library's sources, plus ``extra_corpus`` texts (repeated so that their
+    frequent pieces become tokens: a toy task's phrases then take a few tokens, not one per letter)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train(_corpus(spec.training_files), vocab_size=spec.vocab_size, min_frequency=2,
-              special_tokens=SPECIAL_TOKENS, show_progress=False)
+    files = [Path(f).read_text(errors="replace") for f in _corpus(spec.training_files)]
+    bpe.train_from_iterator(files + list(extra_corpus) * 20, vocab_size=spec.vocab_size, min_frequency=2,
+                            special_tokens=SPECIAL_TOKENS, show_progress=False)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|bos|>", eos_token="<|eos|>",
                                   pad_token="<|pad|>")
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
-def build_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
+def build_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec(), extra_corpus: Sequence[str] = ()) -> Path:
     """Write config.json, model.safetensors (fp32) and the tokenizer files into ``out_dir``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(spec)
+    tok = build_tokenizer(spec, extra_corpus)
     cfg = LlamaConfig(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,

@@ -1,19 +1,28 @@
-"""``Trainer.run``: rollouts -> micro-batches -> GSPO step -> metrics -> checkpoint, each a named method."""
+"""``Trainer.run``: rollouts -> GSPO step -> weights to the fleet -> metrics -> checkpoint.
+
+The trainer receives its collaborators from the entry point (``entrypoints/train.py``, the
+composition root) and never picks a concrete one itself: the model stage and its optimizer, a
+`RolloutSource` (the stream the actor writes, or the local self-sampling source), an optional
+weight sender (the vLLM fleet) and a metric logger.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from megatron_apriel.config import RunConfig
-from megatron_apriel.metrics import build_logger
-from megatron_apriel.model.provider import build_model
-from megatron_apriel.model.wrap import build_optimizer, wrap_model
+from megatron_apriel.metrics import MetricLogger
+from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.rollout.local import LocalRolloutSource
-from megatron_apriel.trainer.batch import MicroBatch, TrainSample, packed_microbatches, padded_microbatches
+from megatron_apriel.rollout.source import RolloutSource
+from megatron_apriel.rollout.types import TrainSample
+from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import latest_checkpoint, load_checkpoint, load_model_weights, save_checkpoint
 from megatron_apriel.trainer.step import train_step
 
@@ -21,26 +30,30 @@ log = logging.getLogger("megatron_apriel")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # SLURM: scancel / --signal=USR1@<seconds>
 
 
+@dataclass
+class ModelParts:
+    """One model stage as built by the entry point: Megatron DDP chunks, optimizer, LR schedule."""
+
+    arch: ModelArch
+    chunks: list
+    optimizer: object
+    scheduler: object
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, ctx: ParallelContext):
+    def __init__(self, cfg: RunConfig, ctx: ParallelContext, parts: ModelParts, source: RolloutSource,
+                 logger: MetricLogger, sender=None):
+        """``sender``: a `WeightSender` for the vLLM fleet, or None (the local source needs none)."""
         self.cfg, self.ctx = cfg, ctx
-        self.run_dir = Path(cfg.run_dir)
-        self.ckpt_root = self.run_dir / "checkpoints"
-        self.arch = cfg.model.resolve_arch()
-        self.model = build_model(cfg.model, ctx)
-        self.chunks = wrap_model(self.model, ctx)
-        self.optimizer, self.scheduler = build_optimizer(self.chunks, cfg.optim, ctx, total_steps=cfg.trainer.steps)
-        self.source = self._build_source()
-        self.logger = build_logger(self.run_dir, enabled=ctx.is_logging_rank)
+        self.arch, self.chunks = parts.arch, parts.chunks
+        self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
+        self.source, self.logger, self.sender = source, logger, sender
+        self.ckpt_root = Path(cfg.run_dir) / "checkpoints"
         self.step = 0
         self.stop_requested = False
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._request_stop)
         self.restore()
-
-    def _build_source(self):
-        return LocalRolloutSource(self.cfg.rollout.local, self.chunks[0], self.ctx, self.arch.vocab_size,
-                                  self.cfg.loss.temperature, self.cfg.rewards)
 
     def _request_stop(self, signum, frame) -> None:
         self.stop_requested = True  # acted on at the end of the current step, on every rank at once
@@ -73,25 +86,52 @@ class Trainer:
         return train_step(self.chunks, self.optimizer, self.scheduler, self.microbatches(samples), self.ctx,
                           self.cfg.loss, self.arch.vocab_size)
 
+    def sync_weights(self) -> dict[str, float]:
+        """Send the current weights (version = steps taken) to the fleet, in flight; tell the source."""
+        if self.sender is None:
+            return {}
+        report = self.sender.push(self.step)
+        self.source.weights_updated(self.step)
+        if not report.accepted:
+            log.warning("weight update %d rejected by %s; they keep serving older weights", self.step, report.rejected)
+        return {"sync/total_s": report.total_s, "sync/send_s": report.send_s, "sync/pause_s": report.pause_s,
+                "sync/MB": report.nbytes / 1e6, "sync/accepted": float(report.accepted),
+                "sync/reconnects": float(self.sender.reconnects)}
+
+    def _checkpoint_due(self, stop: bool) -> bool:
+        every, last = self.cfg.checkpoint.save_every, self.step == self.cfg.trainer.steps
+        return stop or bool(every and self.step % every == 0) or (last and self.cfg.checkpoint.save_at_end)
+
     def run(self) -> list[dict[str, float]]:
         """Train until ``trainer.steps`` or a stop signal; returns this run's per-step metrics."""
-        history, every = [], self.cfg.checkpoint.save_every
+        history: list[dict[str, float]] = []
         if self.step >= self.cfg.trainer.steps:
             log.warning("%s already holds step %d of %d: nothing to do. Raise trainer.steps to continue or "
                         "choose a new run_dir.", self.ckpt_root, self.step, self.cfg.trainer.steps)
+        else:
+            self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
         while self.step < self.cfg.trainer.steps:
-            samples, rollout_metrics = self.source.next_batch(self.step)
-            metrics = {**rollout_metrics, **self.train_once(samples)}
-            if self.step % self.cfg.trainer.log_every == 0:
-                self.logger.log(metrics, self.step)
-            history.append(metrics)
+            t0 = time.perf_counter()
+            samples, metrics = self.source.next_batch(self.step)
+            t1 = time.perf_counter()
+            metrics.update(self.train_once(samples))
+            t2 = time.perf_counter()
             self.step += 1
+            metrics.update(self.sync_weights())
+            metrics.update({"time/wait_rollouts_s": t1 - t0, "time/train_s": t2 - t1,
+                            "time/step_s": time.perf_counter() - t0})
+            if (self.step - 1) % self.cfg.trainer.log_every == 0:
+                self.logger.log(metrics, self.step - 1)
+            history.append(metrics)
             stop = any_rank(self.stop_requested)
-            if stop or (every and self.step % every == 0) or (
-                    self.step == self.cfg.trainer.steps and self.cfg.checkpoint.save_at_end):
+            if self._checkpoint_due(stop):
                 self.save()
             if stop:
                 log.warning("stop signal received: saved step %d and stopping", self.step)
                 break
         self.logger.close()
         return history
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()

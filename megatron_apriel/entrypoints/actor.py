@@ -1,0 +1,103 @@
+"""The actor process: problems -> vLLM fleet -> verifiers -> rewards -> the durable rollout stream.
+
+    python -m megatron_apriel.entrypoints.actor --config-name apriel_15b run_dir=/shared/runs/x [overrides]
+
+Takes the same config (and overrides) as ``apriel-train``; ``apriel-train`` starts it by itself on
+one machine, SLURM runs it on a rollout node. It finds the servers in ``fleet.servers`` or in
+``run_dir/fleet/`` and resumes from the stream in ``run_dir/rollouts/`` if there is one. Stops
+cleanly (writing what has finished) on SIGTERM or SIGINT.
+
+This module is the actor's composition root: it builds every collaborator from the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.entrypoints.train import setup_logging
+
+log = logging.getLogger("megatron_apriel.actor")
+register_configs()
+
+
+def load_pools(run: RunConfig):
+    """The problems of ``actor.data``, checked against the sampler's mix (clear errors, nothing started)."""
+    from megatron_apriel.data.datasets import ProblemPools
+
+    if not run.actor.data:
+        raise ValueError("actor.data is empty: list the problem files (jsonl/parquet) the actor draws from.")
+    pools = ProblemPools.from_files(run.actor.data)
+    empty = [d for d in run.actor.sampler.mix if pools.size(d) == 0]
+    if empty:
+        raise ValueError(f"domains {empty} have weight > 0 in actor.sampler.weights but no problems in actor.data "
+                         f"({run.actor.data}); add their files or drop them from the mix.")
+    return pools
+
+
+def sampling_config(run: RunConfig):
+    from megatron_apriel.rollout.client import SamplingConfig
+
+    return SamplingConfig(max_tokens=run.rewards.max_len, temperature=run.loss.temperature, top_p=run.actor.top_p,
+                          stop=tuple(run.actor.stop))
+
+
+async def _run_actor(run: RunConfig) -> None:
+    from megatron_apriel.data.order import DomainOrder
+    from megatron_apriel.metrics import TensorBoardLogger
+    from megatron_apriel.rollout.actor import Actor, load_tokenizer
+    from megatron_apriel.rollout.client import FleetClient
+    from megatron_apriel.rollout.fleet import FLEET_DIR, fleet_urls, registered
+    from megatron_apriel.rollout.stream import StreamWriter
+    from megatron_apriel.verifiers import make_verifier_pool, verify_group
+
+    pools = load_pools(run)
+    urls = fleet_urls(run.fleet, run.run_dir)
+    client = FleetClient(urls, max_attempts=run.fleet.request_attempts, cooldown_s=run.fleet.cooldown_s,
+                         timeout_s=run.fleet.request_timeout_s)
+    pool = make_verifier_pool(run.actor.verifier_workers)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def verify(domain, problem, texts):
+        return await loop.run_in_executor(pool, verify_group, domain, problem, texts)
+
+    fleet_dir = Path(run.run_dir) / FLEET_DIR
+    members = None if run.fleet.servers else (lambda: [(r.url, r.instance) for r in registered(fleet_dir)])
+    sampler = run.actor.sampler.build()
+    actor = Actor(run.actor, run.rollout, run.rewards, sampling_config(run), client, sampler,
+                  DomainOrder(pools, seed=run.seed), load_tokenizer(run.model.hf_path),
+                  StreamWriter(Path(run.run_dir) / "rollouts"), verify,
+                  metrics=TensorBoardLogger(Path(run.run_dir) / "tensorboard" / "actor"), members=members)
+    log.info("actor: %d servers, domains %s, G=%d, %d groups/step, max_lag=%s", len(urls),
+             {d: pools.size(d) for d in pools.domains}, run.rollout.group_size, run.rollout.groups_per_step,
+             run.rollout.max_lag)
+    try:
+        await actor.run(stop)
+    finally:
+        await client.aclose()
+        pool.shutdown(cancel_futures=True)
+        actor.metrics.close()
+    log.info("actor stopped: %d groups in the stream", actor.stream.next_seq)
+
+
+@hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
+def _main(cfg: DictConfig) -> None:
+    setup_logging("actor")
+    asyncio.run(_run_actor(to_run_config(cfg)))
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

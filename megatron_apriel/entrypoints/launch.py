@@ -1,0 +1,347 @@
+"""The local launcher: what ``apriel-train`` does when it is not already a trainer rank.
+
+It checks the inputs (data files, budgets) before anything starts, builds the tiny base model if
+the config asks for one, then starts every component of the run on this machine, each in its
+own process group with its log in ``run_dir/logs/<component>.log``:
+
+    server_<i>   ``fleet.num_servers`` x apriel-serve (vLLM + weight receiver), registered in run_dir/fleet/
+    actor        python -m megatron_apriel.entrypoints.actor (same config and overrides)
+    trainer      torchrun --nproc_per_node launch.nproc_per_node -m megatron_apriel.entrypoints.train
+
+It shows a progress bar and each step's metrics (from ``run_dir/logs/metrics.jsonl``), restarts a
+crashed server or actor (up to ``fleet.max_restarts`` times each), and when the trainer finishes
+stops the others and exports the final checkpoint to ``run_dir/hf/``. On Ctrl-C, SIGTERM or a
+component failing for good it stops all of them (by process group, never by name) and exits
+non-zero, naming the component and printing the tail of its log. ``rollout.source=local`` runs
+the trainer alone. ``launch.dry_run=true`` prints the plan and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from megatron_apriel.config import RunConfig
+from megatron_apriel.metrics import CONSOLE_KEYS, METRICS_FILE
+from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
+
+
+@dataclass
+class Component:
+    name: str
+    cmd: list[str]
+    log_path: Path
+    restarts_left: int = 0
+    env: dict = field(default_factory=dict)
+    proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.cmd)}\n")
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **self.env})
+
+    def poll(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to the component's process group, SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(grace_s)
+        except ProcessLookupError:
+            pass  # it exited between the poll and the signal
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _say(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"[apriel] {msg}", file=sys.stderr)
+
+
+def _overrides(run: RunConfig) -> list[str]:
+    """This command's own arguments (config name and overrides), with the run directory made absolute."""
+    return [a for a in sys.argv[1:] if not a.startswith("run_dir=")] + [f"run_dir={run.run_dir}"]
+
+
+def vllm_args(run: RunConfig) -> list[str]:
+    """``fleet.vllm_args`` plus what follows from the run: the context length and the seed."""
+    args = list(run.fleet.vllm_args)
+    need = run.actor.max_prompt_tokens + run.rewards.max_len
+    given = [a for a in args if a.startswith("--max-model-len")]
+    if not given:
+        args += ["--max-model-len", str(need)]
+    else:
+        value = int(given[0].split("=", 1)[1]) if "=" in given[0] else int(args[args.index(given[0]) + 1])
+        if value < need:
+            raise ValueError(f"fleet.vllm_args sets --max-model-len {value} < actor.max_prompt_tokens + "
+                             f"rewards.max_len = {need}; raise it or lower one of those.")
+    if "--seed" not in args:
+        args += ["--seed", str(run.seed)]
+    return args
+
+
+def plan(run: RunConfig) -> list[Component]:
+    """The processes a run starts on this machine (servers, actor, trainer), not yet started."""
+    logs = Path(run.run_dir) / "logs"
+    out: list[Component] = []
+    fleet = run.rollout.source == "fleet"
+    if fleet and not run.fleet.servers:
+        base = run.fleet.port or None
+        for i in range(run.fleet.num_servers):
+            port = base + i if base else free_port()
+            cmd = serve_command(run.model.hf_path, port, run.fleet.host, vllm_args(run),
+                                register_dir=Path(run.run_dir) / FLEET_DIR)
+            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", run.fleet.max_restarts))
+    if fleet:
+        out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *_overrides(run)],
+                             logs / "actor.log", run.fleet.max_restarts))
+    port = run.launch.master_port or free_port()
+    out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                                     str(run.launch.nproc_per_node), "--master_port", str(port), "-m",
+                                     "megatron_apriel.entrypoints.train", *_overrides(run)],
+                         logs / "trainer.log"))
+    return out
+
+
+def prepare_base(run: RunConfig) -> None:
+    if not run.tiny_base.enabled:
+        return
+    from megatron_apriel.testing.tiny_task import build_warm_base
+
+    base = Path(run.model.hf_path)
+    if not base.is_dir():
+        _say(f"building the tiny base model into {base} (tokenizer, {run.tiny_base.sft_steps} warm-start steps)")
+    build_warm_base(base, run.tiny_base)
+
+
+def preflight(run: RunConfig) -> None:
+    """Everything that can be checked before a server, actor or trainer starts: a bad input fails
+    here, with the file and row, the key and the value to change."""
+    if run.model.hf_path and not run.tiny_base.enabled and not (Path(run.model.hf_path) / "config.json").is_file():
+        raise ValueError(f"model.hf_path={run.model.hf_path} has no config.json: give a Hugging Face model directory.")
+    if run.rollout.source == "fleet":
+        from megatron_apriel.entrypoints.actor import load_pools
+
+        vllm_args(run)
+        if not run.launch.dry_run:
+            prepare_base(run)
+            load_pools(run)  # malformed rows, domains without problems
+
+
+class Launcher:
+    def __init__(self, run: RunConfig, components: list[Component]):
+        self.run, self.components = run, components
+        self.by_name = {c.name: c for c in components}
+        self.trainer = self.by_name["trainer"]
+        self.metrics_path = Path(run.run_dir) / METRICS_FILE
+        self._metrics_pos = self.metrics_path.stat().st_size if self.metrics_path.exists() else 0
+        self.rewards: list[float] = []
+
+    def _servers(self) -> list[Component]:
+        return [c for c in self.components if c.name.startswith("server_")]
+
+    def start_fleet(self) -> None:
+        from megatron_apriel.rollout.fleet import registered
+
+        fleet_dir = Path(self.run.run_dir) / FLEET_DIR
+        for stale in fleet_dir.glob("*.json"):  # registrations of an earlier launch
+            stale.unlink()
+        servers = self._servers()
+        if not servers:
+            return
+        _say(f"starting {len(servers)} vLLM server(s) (logs in {self.run.run_dir}/logs/server_*.log)")
+        t0 = time.monotonic()
+        for s in servers:
+            s.start()
+        while len(registered(fleet_dir)) < len(servers):
+            for s in servers:
+                if s.poll() is not None:
+                    raise LaunchError(f"{s.name} exited with code {s.poll()} before it was healthy; last lines of "
+                                      f"{s.log_path}:\n{s.tail()}")
+            if time.monotonic() - t0 > self.run.fleet.startup_timeout_s:
+                raise LaunchError(f"the vLLM servers were not healthy after fleet.startup_timeout_s="
+                                  f"{self.run.fleet.startup_timeout_s}s; last lines of {servers[0].log_path}:\n"
+                                  f"{servers[0].tail()}")
+            time.sleep(0.5)
+        _say(f"fleet healthy in {time.monotonic() - t0:.0f}s")
+
+    def _restart_or_fail(self, c: Component, code: int) -> None:
+        if c.restarts_left <= 0:
+            raise LaunchError(f"{c.name} failed (exit code {code}) and has no restarts left; last lines of "
+                              f"{c.log_path}:\n{c.tail()}")
+        c.restarts_left -= 1
+        _say(f"{c.name} exited with code {code}; restarting it ({c.restarts_left} restarts left)")
+        c.start()
+
+    def _show_metrics(self, bar) -> None:
+        if not self.metrics_path.exists():
+            return
+        with open(self.metrics_path) as f:
+            f.seek(self._metrics_pos)
+            lines = f.readlines()
+            self._metrics_pos = f.tell()
+        for line in lines:
+            if not line.endswith("\n"):  # a line being written: read it next time
+                self._metrics_pos -= len(line)
+                break
+            m = json.loads(line)
+            if "rollout/reward" in m:
+                self.rewards.append(m["rollout/reward"])
+            bar.update(m["step"] + 1 - bar.n)
+            shown = " ".join(f"{k.split('/')[-1]}={m[k]:.4g}" for k in CONSOLE_KEYS if k in m)
+            bar.write(f"step {m['step']:>4} | {shown}", file=sys.stderr)
+
+    def watch(self) -> int:
+        """Until the trainer exits: restart crashed servers/actor, show progress. Trainer's exit code."""
+        from tqdm import tqdm
+
+        with tqdm(total=self.run.trainer.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+            while True:
+                self._show_metrics(bar)
+                code = self.trainer.poll()
+                if code is not None:
+                    self._show_metrics(bar)
+                    return code
+                for c in self.components:
+                    if c is not self.trainer and (rc := c.poll()) is not None:
+                        self._restart_or_fail(c, rc)
+                time.sleep(0.5)
+
+    def stop_all(self) -> None:
+        for c in reversed(self.components):  # trainer first: it may be sending weights to the servers
+            c.stop()
+
+
+def export_hf(run: RunConfig) -> Optional[Path]:
+    """The newest checkpoint as a Hugging Face model in run_dir/hf (replaced if it exists)."""
+    import shutil
+
+    from megatron_apriel.convert.checkpoint import mcore_to_hf
+    from megatron_apriel.trainer.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(Path(run.run_dir) / "checkpoints")
+    if latest is None:
+        return None
+    out = Path(run.run_dir) / "hf"
+    shutil.rmtree(out, ignore_errors=True)
+    mcore_to_hf(latest / "dist", out, hf_reference=run.model.hf_path, progress=False)
+    return out
+
+
+def describe(run: RunConfig, components: list[Component]) -> str:
+    """The dry run's report: processes, ranks and resources."""
+    from megatron_apriel.convert.mapping import canonical_shapes
+    from megatron_apriel.parallel.dims import ParallelDims
+
+    arch = run.model.resolve_arch() if (run.model.hf_path and Path(run.model.hf_path).exists()) or not run.model.hf_path \
+        else None
+    lines = [f"run_dir: {run.run_dir}"]
+    if arch is not None:
+        params = sum(_numel(s) for s in canonical_shapes(arch).values())
+        lines.append(f"model: {run.model.hf_path or 'inline arch'} ({arch.family}, {arch.num_layers} layers, hidden "
+                     f"{arch.hidden_size}, {params / 1e9:.2f}B parameters)")
+    world = run.launch.nnodes * run.launch.nproc_per_node
+    dims = ParallelDims.resolve(run.parallel, world)
+    lines.append(f"trainer: {run.launch.nnodes} node(s) x {run.launch.nproc_per_node} rank(s) = TP {dims.tp} x "
+                 f"PP {dims.pp} x DP {dims.dp}; "
+                 f"{run.trainer.steps} steps of {run.rollout.groups_per_step} groups x G={run.rollout.group_size}; "
+                 f"seq_len {run.trainer.seq_len}, packing={run.trainer.packing}")
+    if run.rollout.source == "fleet":
+        lines.append(f"rollouts: vLLM fleet -> actor -> {run.run_dir}/rollouts; budget {run.rewards.max_len} tokens, "
+                     f"temperature {run.loss.temperature}, max_lag {run.rollout.max_lag}, "
+                     f"mix {run.actor.sampler.mix}")
+        lines.append(f"weight sync: every step, backend {run.weight_sync.backend}, buckets of "
+                     f"{run.weight_sync.bucket_bytes / 2**20:.0f} MiB, stage ports from {run.weight_sync.base_port}")
+        if run.fleet.servers:
+            lines.append(f"servers (already running): {run.fleet.servers}")
+    lines.append("processes:")
+    lines += [f"  {c.name:<9} {' '.join(c.cmd)}" for c in components]
+    return "\n".join(lines)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def launch(run: RunConfig, raw: DictConfig) -> int:
+    """Run the whole job on this machine; returns the process exit code."""
+    run.run_dir = str(Path(run.run_dir).resolve())
+    try:
+        preflight(run)
+    except (ValueError, FileNotFoundError) as err:
+        _say(f"error: {err}")
+        return 2
+    components = plan(run)
+    if run.launch.dry_run:
+        print(describe(run, components))
+        return 0
+    if run.launch.nnodes > 1:
+        _say(f"error: launch.nnodes={run.launch.nnodes}: apriel-train starts one machine. Run the trainer ranks "
+             "with srun/torchrun on every node, the servers with apriel-serve and the actor with "
+             "`python -m megatron_apriel.entrypoints.actor` (same config), or set launch.nnodes=1.")
+        return 2
+    launcher = Launcher(run, components)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        launcher.start_fleet()
+        for c in components:
+            if not c.name.startswith("server_"):
+                c.start()
+        _say(f"actor and {run.launch.nproc_per_node} trainer rank(s) started; logs in {run.run_dir}/logs, "
+             f"TensorBoard: tensorboard --logdir {run.run_dir}/tensorboard")
+        code = launcher.watch()
+    except LaunchError as err:
+        _say(f"error: {err}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted: stopping every component")
+        return 130
+    finally:
+        launcher.stop_all()
+    if code != 0:
+        _say(f"trainer failed (exit code {code}); last lines of {launcher.trainer.log_path}:\n"
+             f"{launcher.trainer.tail()}")
+        return code
+    if run.launch.export_hf:
+        out = export_hf(run)
+        if out is not None:
+            _say(f"exported the final checkpoint to {out}")
+    if launcher.rewards:
+        k = min(10, len(launcher.rewards))
+        _say(f"done: reward {sum(launcher.rewards[:k]) / k:.3f} (first {k} steps) -> "
+             f"{sum(launcher.rewards[-k:]) / k:.3f} (last {k})")
+    return 0
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

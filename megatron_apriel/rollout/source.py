@@ -1,0 +1,214 @@
+"""Where the trainer's rollouts come from: the `RolloutSource` protocol and the stream source.
+
+    source = StreamSource(run_dir / "rollouts", cfg.rollout, ctx, domain_targets)
+    samples, metrics = source.next_batch(step)     # every rank: this DP rank's samples
+    ...                                            # train, push weights as version step + 1
+    source.weights_updated(step + 1)
+
+`StreamSource` reads the durable stream (written by the actor) on the first rank: it takes groups
+in sequence order, skips those the actor dropped (zero advantage, verifier error) and those
+older than ``max_lag``, until it holds ``groups_per_step`` usable groups; it publishes its
+progress for the actor's admission control while it waits. It then sends every rank the plan
+(which rollouts each DP rank trains, balanced by tokens, and the step's rollout metrics), and
+each rank loads its own rollouts from the segment files. The cursor is the source's state: it
+is saved in the trainer's checkpoints, so a resumed run reads exactly the groups that follow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol
+
+from megatron_apriel.parallel.collectives import broadcast_object
+from megatron_apriel.rollout.lag import group_lag
+from megatron_apriel.rollout.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
+from megatron_apriel.rollout.types import RolloutGroup, TrainSample, balance_by_tokens
+
+SOURCES = ("local", "fleet")
+
+
+@dataclass
+class LocalRolloutConfig:
+    """The self-sampling source (``rollout.source=local``): random prompts, a toy reward."""
+
+    prompt_len: int = 6
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError("rollout.local.prompt_len must be >= 1.")
+
+
+@dataclass
+class RolloutConfig:
+    source: str = "fleet"
+    """fleet: the actor's groups from vLLM, through the durable stream (the recipe); local: the
+    trainer samples from its own model with a toy reward (fast unit tests, no vLLM)."""
+    group_size: int = 8
+    """G: completions per prompt (advantages compare a group's rollouts)."""
+    groups_per_step: int = 128
+    """Usable groups (prompts) per optimizer step: 128 x 8 = 1024 sequences in the recipe."""
+    max_lag: Optional[int] = None
+    """Largest policy lag (trainer step minus the oldest weight version of a group's tokens) a
+    trained group may have; 0 is synchronous on-policy RL. Null: unbounded (the recipe)."""
+    local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {SOURCES}.")
+        if self.group_size < 2:
+            raise ValueError("rollout.group_size must be >= 2 (advantages compare a group's rollouts).")
+        if self.groups_per_step < 1:
+            raise ValueError("rollout.groups_per_step must be >= 1.")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"rollout.max_lag={self.max_lag}: use 0 (synchronous), a positive bound or null.")
+
+
+class RolloutSource(Protocol):
+    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
+        """This DP rank's samples for ``step`` and the step's rollout metrics (same on every rank)."""
+
+    def weights_updated(self, version: int) -> None:
+        """The fleet has been sent the weights of ``version`` (called on every rank)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class StepPlan:
+    """What rank 0 tells every rank about one step (small: no token data)."""
+
+    cursor: int
+    rollouts: list[list[tuple[int, int, int]]]
+    """Per DP rank: (segment first seq, group seq, rollout index) of each sample it trains."""
+    metrics: dict[str, float]
+    domains: dict[str, int]
+    """Trained groups per domain in this step."""
+
+
+class StreamSource:
+    def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float],
+                 poll_s: float = 0.05, timeout_s: Optional[float] = None):
+        if cfg.groups_per_step * cfg.group_size < ctx.dims.dp:
+            raise ValueError(f"rollout.groups_per_step x group_size = {cfg.groups_per_step * cfg.group_size} samples "
+                             f"per step < dp={ctx.dims.dp}: every data-parallel rank needs at least one.")
+        self.root, self.cfg, self.ctx = Path(root), cfg, ctx
+        total = sum(targets.values())
+        self.targets = {d: w / total for d, w in targets.items()}
+        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.reader = StreamReader(self.root)  # read on rank 0 only
+        self.cursor = 0
+        self.version = 0
+        self.consumed: Counter = Counter()
+        """Trained groups per domain, over the run (the realised mix)."""
+        self._last_read = time.monotonic()
+        self._published: Optional[TrainerProgress] = None
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor, "version": self.version, "consumed": dict(self.consumed)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = int(state["cursor"])
+        self.reader = StreamReader(self.root, cursor=self.cursor)
+        self.version = int(state["version"])
+        self.consumed = Counter(state["consumed"])
+
+    def _publish(self, step: int, filled: int) -> None:
+        progress = TrainerProgress(step=step, filled=filled, cursor=self.reader.cursor, version=self.version)
+        if self.ctx.rank == 0 and progress != self._published:
+            write_progress(self.root, progress)
+            self._published = progress
+
+    def weights_updated(self, version: int) -> None:
+        self.version = version
+        self._publish(step=version, filled=0)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _select(self, step: int) -> StepPlan:
+        """Rank 0: read groups until ``groups_per_step`` usable ones; plan and metrics."""
+        taken: list[tuple[int, RolloutGroup]] = []
+        skipped: Counter = Counter()
+        lags: list[int] = []
+        self._publish(step, 0)
+        while len(taken) < self.cfg.groups_per_step:
+            group = self.reader.wait_group(self.poll_s, self.timeout_s, on_wait=lambda: self._publish(step, len(taken)))
+            if group.dropped:
+                skipped[group.dropped] += 1
+                continue
+            lag = group_lag(step, group.min_version)
+            if self.cfg.max_lag is not None and lag > self.cfg.max_lag:
+                skipped["stale"] += 1
+                continue
+            lags.append(lag)
+            taken.append((self.reader.segment_first, group))
+        self._publish(step + 1, 0)  # this step is full: the next group goes to the next step
+        now = time.monotonic()
+        metrics = self._metrics([g for _, g in taken], skipped, lags, now - self._last_read)
+        self._last_read = now
+        items = [(first, g.seq, i, len(g.prompt_ids) + r.length)
+                 for first, g in taken for i, r in enumerate(g.rollouts)]
+        parts = balance_by_tokens([n for *_, n in items], self.ctx.dims.dp)
+        return StepPlan(cursor=self.reader.cursor, rollouts=[[items[i][:3] for i in part] for part in parts],
+                        metrics=metrics, domains=dict(Counter(g.domain for _, g in taken)))
+
+    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
+        plan = broadcast_object(self._select(step) if self.ctx.rank == 0 else None)
+        self.cursor = plan.cursor
+        samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step)
+        self.consumed.update(plan.domains)
+        return samples, plan.metrics
+
+    def _metrics(self, groups: list[RolloutGroup], skipped: Counter, lags: list[int], wait_s: float) -> dict:
+        m: dict[str, float] = {f"rollout/groups_{k}": float(v) for k, v in skipped.items()}
+        m["rollout/groups_filtered"] = float(skipped["zero_advantage"])
+        by_domain: dict[str, list] = defaultdict(list)
+        for g in groups:
+            by_domain[g.domain] += g.rollouts
+        everything = [r for g in groups for r in g.rollouts]
+        m.update(_rollout_stats("rollout", everything))
+        for d, rs in by_domain.items():
+            m.update(_rollout_stats(f"domain/{d}", rs))
+        m["rollout/lag_mean"] = sum(lags) / len(lags)
+        m["rollout/lag_max"] = float(max(lags))
+        for lag, n in sorted(Counter(lags).items()):
+            m[f"lag/{lag}"] = n / len(lags)
+        tokens = sum(r.length for r in everything)
+        m["rollout/completion_tokens"] = float(tokens)
+        m["rollout/consumed_tokens_per_s"] = tokens / max(wait_s, 1e-9)
+        m["rollout/generate_s_mean"] = sum(g.timings.generate_s for g in groups) / len(groups)
+        m["rollout/verify_s_mean"] = sum(g.timings.verify_s for g in groups) / len(groups)
+        spanning = sum(len({s.version for s in r.versions}) > 1 for r in everything)
+        m["rollout/multi_version_share"] = spanning / len(everything)
+        domains = Counter(g.domain for g in groups)
+        total = sum(self.consumed.values()) + len(groups)
+        for d, t in self.targets.items():
+            m[f"mix/{d}/realised"] = (self.consumed[d] + domains[d]) / total
+            m[f"mix/{d}/target"] = t
+        return m
+
+
+def _rollout_stats(prefix: str, rollouts) -> dict[str, float]:
+    n = len(rollouts)
+    return {f"{prefix}/reward": sum(r.reward for r in rollouts) / n,
+            f"{prefix}/score": sum(r.score for r in rollouts) / n,
+            f"{prefix}/success": sum(r.success for r in rollouts) / n,
+            f"{prefix}/length": sum(r.length for r in rollouts) / n,
+            f"{prefix}/truncated": sum(r.truncated for r in rollouts) / n,
+            f"{prefix}/length_penalty": sum(r.reward - (0.0 if r.truncated else r.score) for r in rollouts) / n}
+
+
+def load_samples(root: Path, items: list[tuple[int, int, int]], step: int) -> list[TrainSample]:
+    """The listed rollouts as samples, reading each segment file once."""
+    segments: dict[int, dict[int, RolloutGroup]] = {}
+    out = []
+    for first, seq, index in items:
+        if first not in segments:
+            segments[first] = {g.seq: g for g in read_segment(segment_path(root, first)).groups}
+        out.append(segments[first][seq].train_samples(step)[index])
+    return out

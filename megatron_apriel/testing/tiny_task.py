@@ -1,0 +1,122 @@
+"""The tiny CPU run's base model: a toy verifiable task and a short supervised warm start.
+
+A random 2-layer model cannot produce a single well-formed answer, so RL would have no signal.
+``build_warm_base`` therefore writes, into one directory:
+- ``addition.jsonl``: single-digit additions as math-domain problems ("What is 3 + 5?" with the
+  usual ``\\boxed{}`` instruction), scored by the real math verifier;
+- a tiny Llama checkpoint and tokenizer (``testing/tiny_model.py``; the tokenizer also sees the
+  task's text, so an answer is ~10 tokens instead of ~40), briefly trained with teacher forcing on
+  answers in Apriel's output format ``[BEGIN FINAL RESPONSE]\\boxed{8}[END FINAL RESPONSE]``.
+
+The warm start stops early (``sft_steps``), so the model has learnt the format but answers only
+some sums correctly: sampled at temperature 1 its reward starts well below 1 and RL has room to
+raise it. Everything is seeded; the directory is built once and reused (``ready`` marker).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron_apriel.data.converters import MATH_SUFFIX
+from megatron_apriel.data.datasets import write_problems
+from megatron_apriel.rollout.types import Problem
+from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
+
+PROBLEMS_FILE = "addition.jsonl"
+_READY = "ready.json"
+
+
+@dataclass
+class TinyBaseConfig:
+    """Build the tiny run's base model into ``run_dir/base`` on first use (``model.hf_path`` then
+    points there). Off by default; the ``tiny_cpu`` preset turns it on."""
+
+    enabled: bool = False
+    max_operand: int = 4
+    """Problems are a + b for 0 <= a, b <= max_operand (25 problems)."""
+    sft_steps: int = 60
+    """Supervised steps of the warm start: the format is learnt, about half of the sums are right
+    when sampled at temperature 1 (measured on this seed), so RL has room to raise the reward."""
+    sft_lr: float = 3e-3
+    sft_batch: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_operand < 1 or self.sft_steps < 0 or self.sft_batch < 1 or self.sft_lr <= 0:
+            raise ValueError("tiny_base.max_operand and sft_batch must be >= 1, sft_steps >= 0, sft_lr > 0.")
+
+
+def answer_text(value: int) -> str:
+    return f"{BEGIN_FINAL}\\boxed{{{value}}}{END_FINAL}"
+
+
+def addition_problems(max_operand: int) -> list[Problem]:
+    return [Problem(id=f"add-{a}-{b}", domain="math",
+                    prompt=[{"role": "user", "content": f"What is {a} + {b}?{MATH_SUFFIX}"}],
+                    reference=str(a + b), metadata={"source": "tiny_addition"})
+            for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def _task_corpus(problems: list[Problem]) -> list[str]:
+    return [p.prompt[0]["content"] + answer_text(int(p.reference)) for p in problems]
+
+
+def _sft(model, tok, problems: list[Problem], cfg: TinyBaseConfig) -> None:
+    """Teacher-forced cross-entropy on the answer tokens only (prompt tokens carry no loss)."""
+    import torch
+
+    rows = []
+    for p in problems:
+        prompt = tok.apply_chat_template(p.prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        answer = tok(answer_text(int(p.reference)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows.append((prompt, answer))
+    width = max(len(a) + len(b) for a, b in rows)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
+    rng = random.Random(cfg.seed)
+    model.train()
+    for _ in range(cfg.sft_steps):
+        batch = [rows[rng.randrange(len(rows))] for _ in range(cfg.sft_batch)]
+        ids = torch.full((len(batch), width), tok.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        for i, (prompt, answer) in enumerate(batch):
+            seq = prompt + answer
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(prompt) : len(seq)] = torch.tensor(answer)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
+    """Write problems, tokenizer and warm-started weights into ``out_dir`` (once; atomic)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from megatron_apriel.testing.tiny_model import TinySpec, build_tiny_model
+
+    out = Path(out_dir)
+    if (out / _READY).is_file():
+        return out
+    problems = addition_problems(cfg.max_operand)
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny_model(staging, TinySpec(seed=cfg.seed), extra_corpus=_task_corpus(problems))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(staging)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM.from_pretrained(staging, torch_dtype=torch.float32)
+    _sft(model, tok, problems, cfg)
+    model.save_pretrained(staging, safe_serialization=True)
+    write_problems(staging / PROBLEMS_FILE, problems)
+    (staging / _READY).write_text(json.dumps({"problems": len(problems), "sft_steps": cfg.sft_steps}))
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out
