@@ -5,8 +5,11 @@
     python tools/prepare_data.py apps     apps_train.jsonl                  data/code_apps.jsonl
     python tools/prepare_data.py i3_logic intellect3_logic.parquet          data/logic.jsonl
     python tools/prepare_data.py if_multi if_multi_constraints.parquet      data/ifeval.jsonl
-    python tools/prepare_data.py bfcl     BFCL_v4_simple_python.json        data/fc.jsonl \
-        --answers possible_answer/BFCL_v4_simple_python.json
+    python tools/prepare_data.py bfcl     $BFCL/BFCL_v4_simple_python.json  data/fc.jsonl \
+        --answers $BFCL/possible_answer/BFCL_v4_simple_python.json
+
+BFCL v4 ships in the bfcl-eval wheel: `pip install --no-deps bfcl-eval==2026.3.23`, then
+`BFCL=$(python -c "import bfcl_eval, pathlib; print(pathlib.Path(bfcl_eval.__file__).parent / 'data')")`.
 
 Inputs are local files (download them beforehand); .json holding a list, .jsonl and .parquet are read.
 Skipped rows are counted by reason; a malformed row stops the run with its file and row number.
