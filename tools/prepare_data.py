@@ -9,7 +9,7 @@
         --answers $BFCL/possible_answer/BFCL_v4_simple_python.json
 
 BFCL v4 ships in the bfcl-eval wheel: `pip install --no-deps bfcl-eval==2026.3.23`, then
-`BFCL=$(python -c "import bfcl_eval, pathlib; print(pathlib.Path(bfcl_eval.__file__).parent / 'data')")`.
+`BFCL=$(python -c "from tools.prepare_data import bfcl_data_dir; print(bfcl_data_dir())")`.
 
 Inputs are local files (download them beforehand); .json holding a list, .jsonl and .parquet are read.
 Skipped rows are counted by reason; a malformed row stops the run with its file and row number.
@@ -18,6 +18,7 @@ Skipped rows are counted by reason; a malformed row stops the run with its file 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,14 @@ import datasets
 
 from megatron_apriel.data.converters import CONVERTERS, SkipRow
 from megatron_apriel.data.datasets import write_problems
+
+
+def bfcl_data_dir() -> Path | None:
+    """The BFCL v4 files of the installed bfcl-eval wheel (`bfcl_eval/data`); None without it."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "data"
 
 
 def read_rows(path: Path) -> Iterator[dict | list]:
