@@ -27,11 +27,20 @@ def test_example_gold_answers_verify():
     for p in load_problems(EXAMPLES / "logic.jsonl"):
         gold = p.reference["entry"]["answer"] if p.reference["source"] == "reasoning_gym" else p.reference["answer"]
         assert verify("logic", p, apriel(rf"\boxed{{{gold}}}")).success, p.id
-    for p in load_problems(EXAMPLES / "function_calling.jsonl"):
+    fc = load_problems(EXAMPLES / "function_calling.jsonl") + load_problems(EXAMPLES / "function_calling_bfcl.jsonl")
+    for p in fc:
         calls = [{"name": name, "arguments": {k: next(v for v in opts if v != "") for k, opts in args.items()
                                               if any(v != "" for v in opts)}}
                  for g in p.reference["ground_truth"] for name, args in g.items()]
         assert verify("function_calling", p, apriel(f"<tool_calls>{json.dumps(calls)}</tool_calls>")).success, p.id
+
+
+def test_bfcl_example_is_real_bfcl_with_its_licence():
+    problems = load_problems(EXAMPLES / "function_calling_bfcl.jsonl", domain="function_calling")
+    assert 15 <= len(problems) <= 25 and {p.metadata["source"] for p in problems} == {"bfcl_v4"}
+    assert len({p.metadata["category"] for p in problems}) >= 6
+    notice = (EXAMPLES / "function_calling_bfcl.LICENSE").read_text()
+    assert "Apache License" in notice and "bfcl-eval 2026.3.23" in notice
 
 
 def test_round_trip_and_pools(tmp_path):

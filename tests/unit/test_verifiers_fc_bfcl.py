@@ -7,6 +7,7 @@ except under CI=true where it must run. The agreement table: `python -m tests.un
 import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ if bfcl.bfcl_data_dir() is None:
         pytest.fail(f"CI must run the BFCL tests but {message} (tools/setup_cpu_env.sh does it)", pytrace=False)
     pytest.skip(message, allow_module_level=True)
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 # Items of BFCL v4 that no call passes, by BFCL's checker as by ours (`unpassable_reason`).
 UNPASSABLE = {"live_multiple_862-181-3", "live_multiple_964-207-0", "live_simple_106-63-0", "live_simple_112-68-0"}
 # The mutation kinds of the issue, each of which must be met often enough to matter.
@@ -84,3 +86,11 @@ def test_prepare_data_converts_the_shipped_files(tmp_path, category):
         gold = next(calls for kind, calls in bfcl.predictions(row, p.reference["ground_truth"]) if kind == "gold_first")
         assert verify("function_calling", p, _as_completion(gold)).success, p.id
 
+
+def test_example_extract_is_unchanged_bfcl_data():
+    examples = load_problems(EXAMPLES / "function_calling_bfcl.jsonl", domain="function_calling")
+    shipped = {row["id"]: (row, gold) for c in {p.metadata["category"] for p in examples} for row, gold in bfcl.load_category(c)}
+    for p in examples:
+        row, gold = shipped[p.id.removeprefix("bfcl-")]
+        assert p.reference == {"ground_truth": gold, "functions": row["function"]}, p.id
+        assert [m["content"] for m in p.prompt] == [m["content"] for m in row["question"][0]], p.id
