@@ -181,8 +181,8 @@ def _with(calls: list[Call], i: int, param: str, change: Callable[[Any], Any] | 
     return out
 
 
-# Mutations of one argument of the base answer: (kind, which argument, new value). The first
-# argument (in call order) that `which(gold, param, value)` accepts is changed.
+# Mutations of one argument of the base answer: (kind, which(gold, param, value), change(value)
+# or None to drop the argument). The first argument, in call order, that `which` accepts changes.
 _ARGUMENT_MUTATIONS: list[tuple[str, Callable[[_Gold, str, Any], bool], Callable[[Any], Any] | None]] = [
     ("missing_required", lambda g, p, v: p in g.required, None),
     ("missing_gold_mandatory", lambda g, p, v: p not in g.required and g.mandatory(p), None),
@@ -230,9 +230,9 @@ def predictions(row: dict, ground_truth: list[dict]) -> Iterator[tuple[str, list
     yield "no_call", []
     yield "wrong_name", [(base[0][0] + "_v2", base[0][1])] + base[1:]
     yield "extra_param", _with(base, 0, "zz_unknown", lambda v: 1)
-    undeclared_by_gold = [(i, p) for i, g in enumerate(golds) for p in g.properties if p not in g.options]
-    if undeclared_by_gold:
-        i, p = undeclared_by_gold[0]
+    schema_only = [(i, p) for i, g in enumerate(golds) for p in g.properties if p not in g.options]
+    if schema_only:  # a parameter the schema declares but the gold call does not list
+        i, p = schema_only[0]
         yield "extra_schema_param", _with(base, i, p, lambda v: golds[i].properties[p].get("default", "x"))
     for kind, which, change in _ARGUMENT_MUTATIONS:
         found = next(((i, p) for i, (_, args) in enumerate(base) for p, v in args.items() if which(golds[i], p, v)), None)
@@ -240,7 +240,7 @@ def predictions(row: dict, ground_truth: list[dict]) -> Iterator[tuple[str, list
             yield kind, _with(base, *found, change)
     left_out = [(i, p) for i, g in enumerate(golds) for p in g.options if p not in base[i][1]]
     undeclared = [(i, p) for i, p in left_out if p not in golds[i].properties and golds[i].listed(p)]
-    if undeclared:
+    if undeclared:  # a parameter the gold lists as optional but the schema does not declare
         i, p = undeclared[0]
         yield "undeclared_gold_param", _with(base, i, p, lambda v: golds[i].listed(p)[0])
     for kind, applies, value in _OPTIONAL_MUTATIONS:
