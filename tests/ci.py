@@ -1,7 +1,7 @@
 """Whether the suite runs under CI, where a test that cannot run on the machine must fail, not skip.
 
-`.ci/run` exports ``CI=true``; CI services set it too (GitHub Actions, GitLab: ``true``; others use
-``1`` or ``yes``). A skip there would turn a machine that cannot run a test into a green run.
+`.ci/run` exports ``CI=true``; CI services set it too, usually to ``true`` (some to ``True`` or ``1``).
+A skip there would turn a machine that cannot run a test into a green run.
 """
 
 from __future__ import annotations
