@@ -30,6 +30,8 @@ setup(
         "reasoning-gym>=0.1.25,<0.2",
     ],
     extras_require={
+        # Also bfcl-eval==2026.3.23, installed with --no-deps by tools/setup_cpu_env.sh: listed here,
+        # pip would follow its pins (numpy 1.26, sentence-transformers, faiss, API clients).
         "test": ["pytest>=8", "matplotlib>=3.8"],
         # NVIDIA Apex is not on PyPI (the "apex" there is another project): build it from
         # github.com/NVIDIA/apex if wanted; Megatron falls back to torch kernels without it.

@@ -5,8 +5,11 @@
     python tools/prepare_data.py apps     apps_train.jsonl                  data/code_apps.jsonl
     python tools/prepare_data.py i3_logic intellect3_logic.parquet          data/logic.jsonl
     python tools/prepare_data.py if_multi if_multi_constraints.parquet      data/ifeval.jsonl
-    python tools/prepare_data.py bfcl     BFCL_v4_simple_python.json        data/fc.jsonl \
-        --answers possible_answer/BFCL_v4_simple_python.json
+    python tools/prepare_data.py bfcl     $BFCL/BFCL_v4_simple_python.json  data/fc.jsonl \
+        --answers $BFCL/possible_answer/BFCL_v4_simple_python.json
+
+BFCL v4 ships in the bfcl-eval wheel: `pip install --no-deps bfcl-eval==2026.3.23`, then
+`BFCL=$(python -c "from tools.prepare_data import bfcl_data_dir; print(bfcl_data_dir())")`.
 
 Inputs are local files (download them beforehand); .json holding a list, .jsonl and .parquet are read.
 Skipped rows are counted by reason; a malformed row stops the run with its file and row number.
@@ -15,6 +18,7 @@ Skipped rows are counted by reason; a malformed row stops the run with its file 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -24,6 +28,14 @@ import datasets
 
 from megatron_apriel.data.converters import CONVERTERS, SkipRow
 from megatron_apriel.data.datasets import write_problems
+
+
+def bfcl_data_dir() -> Path | None:
+    """The BFCL v4 files of the installed bfcl-eval wheel (`bfcl_eval/data`); None without it."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "data"
 
 
 def read_rows(path: Path) -> Iterator[dict | list]:

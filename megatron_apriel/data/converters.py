@@ -13,8 +13,11 @@ Source formats:
   `task` and `game_data_str`, itself JSON text holding the `answer`).
 - if_multi: allenai/IF_multi_constraints_upto5: `key`, `messages`, `ground_truth` (text of a
   one-element list `[{"instruction_id": [...], "kwargs": [...]}]`, JSON or Python literal).
-- bfcl: BFCL v4 question rows (`id`, `question` = list of turns of messages, `function`) joined
-  with the possible-answer rows (`id`, `ground_truth`).
+- bfcl: BFCL v4 question rows (`id`, `question` = list of turns, each a list of `role`/`content`
+  messages; `function` = the tool schemas) joined on `id` with the possible-answer rows (`id`,
+  `ground_truth`), both JSON lines (the `.json` files of the `bfcl-eval` wheel, `bfcl_eval/data/`
+  and `bfcl_eval/data/possible_answer/`). Multi-turn rows, rows without a possible answer and
+  rows that no call can pass (`verifiers.function_calling.unpassable_reason`) are skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 from typing import Any, Callable
 
 from megatron_apriel.rollout.types import Problem
+from megatron_apriel.verifiers.function_calling import unpassable_reason
 from megatron_apriel.verifiers.ifeval import SUPPORTED_INSTRUCTIONS
 from megatron_apriel.verifiers.logic import I3_SKIPPED_TASKS
 
@@ -122,13 +126,17 @@ def convert_if_multi(row: dict, index: int) -> Problem:
 
 
 def convert_bfcl(row: dict, index: int, answers: dict[str, Any]) -> Problem:
+    """A BFCL v4 question row with its possible answer; SkipRow for rows no call can pass."""
     if row["id"] not in answers:
-        raise SkipRow(f"{row['id']}: no possible answer (not an AST-checkable category)")
+        raise SkipRow("no possible answer (not an AST-checkable category)")
     turns = row["question"]
     if len(turns) != 1:
-        raise SkipRow(f"{row['id']}: multi-turn")
+        raise SkipRow("multi-turn")
     messages = [{"role": m["role"], "content": m["content"]} for m in turns[0]]
     reference = {"ground_truth": answers[row["id"]], "functions": row["function"]}
+    broken = unpassable_reason(reference["ground_truth"], reference["functions"])
+    if broken:
+        raise SkipRow(f"no call can pass the gold answer: {row['id']}: {broken}")
     return Problem(id=f"bfcl-{row['id']}", domain="function_calling", prompt=messages, reference=reference,
                    metadata={"source": "bfcl_v4", "category": row["id"].rsplit("_", 1)[0], "tools": row["function"]})
 

@@ -46,6 +46,9 @@ class ModelConfig:
     """Activation recomputation: null, selective or full (full recomputes every layer)."""
     init_std: float = 0.02
     """Std of the random init (weights are normally loaded from a checkpoint)."""
+    dropout: float = 0.0
+    """Hidden and attention dropout probability during training steps (0: the recipe trains without).
+    Non-zero makes each step draw from the RNG, whose state checkpoints save and restore."""
 
     def __post_init__(self) -> None:
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
@@ -58,6 +61,8 @@ class ModelConfig:
             raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
         if self.recompute not in (None, "selective", "full"):
             raise ValueError(f"model.recompute must be null, selective or full, got {self.recompute!r}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}.")
 
     def resolve_arch(self) -> ModelArch:
         return ModelArch.from_hf_dir(self.hf_path) if self.hf_path else self.arch
@@ -129,8 +134,8 @@ def transformer_config_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelCo
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
         qk_layernorm=arch.qk_norm,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=cfg.dropout,
+        attention_dropout=cfg.dropout,
         init_method_std=cfg.init_std,
         tensor_model_parallel_size=ctx.dims.tp,
         pipeline_model_parallel_size=ctx.dims.pp,

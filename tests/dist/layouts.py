@@ -23,6 +23,8 @@ SEQ_LEN = 48
 # A large Adam epsilon keeps the update from amplifying float round-off in near-zero gradients,
 # so that layouts can be compared at 1e-5 after one step while the weights still move by ~lr.
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
+GSPO = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
+DAPO = LossConfig(kind="grpo", aggregation="token_mean", eps_low=0.2, eps_high=0.28)
 
 
 def reference_state(model_full_names) -> dict:
@@ -76,11 +78,9 @@ def destroy_parallel_groups_only():
 
 
 def main(out_path):
-    gspo = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
-    dapo = LossConfig(kind="grpo", aggregation="token_mean", eps_low=0.2, eps_high=0.28)
-    runs = [("gspo/tp1_dp2", 1, 1, False, gspo), ("gspo/tp2", 2, 1, False, gspo), ("gspo/pp2", 1, 2, False, gspo),
-            ("gspo/tp1_dp2_packed", 1, 1, True, gspo), ("gspo/tp2_packed", 2, 1, True, gspo),
-            ("gspo/pp2_packed", 1, 2, True, gspo), ("dapo/tp1_dp2", 1, 1, False, dapo), ("dapo/pp2_packed", 1, 2, True, dapo)]
+    runs = [("gspo/tp1_dp2", 1, 1, False, GSPO), ("gspo/tp2", 2, 1, False, GSPO), ("gspo/pp2", 1, 2, False, GSPO),
+            ("gspo/tp1_dp2_packed", 1, 1, True, GSPO), ("gspo/tp2_packed", 2, 1, True, GSPO),
+            ("gspo/pp2_packed", 1, 2, True, GSPO), ("dapo/tp1_dp2", 1, 1, False, DAPO), ("dapo/pp2_packed", 1, 2, True, DAPO)]
     results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items()))}
     for name, tp, pp, packed, loss_cfg in runs:
         results[name] = run_layout(tp, pp, packed, loss_cfg)

@@ -8,6 +8,7 @@ Mapped file pages (RssFile) are clean and reclaimable, so they are not counted.
 """
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -90,13 +91,40 @@ def test_hf_to_mcore_resident_memory_does_not_grow_with_layers(tmp_path):
         "it hands Megatron's writer is mapped from the HF files (HFReader.map_rows), not read or built.")
 
 
+def _mapping_at(address: int) -> tuple[str, int]:
+    """(file, offset in that file) of the memory mapping holding ``address`` (/proc/self/maps);
+    the file is "" or a pseudo-name such as [heap] for anonymous memory."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return (fields[5].strip() if len(fields) > 5 else ""), int(fields[2], 16) + address - lo
+    raise AssertionError(f"address {address:#x} is not mapped")
+
+
+def _row_offset(path: Path, key: str, row: int) -> int:
+    """Byte offset of row ``row`` of ``key`` in a safetensors file, from its header (8-byte
+    little-endian header length, the JSON header, then the data); float32 tensors only."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(f.read(n))[key]
+    assert meta["dtype"] == "F32"
+    return 8 + n + meta["data_offsets"][0] + row * 4 * math.prod(meta["shape"][1:])
+
+
 def test_map_rows_is_an_exact_zero_copy_slice_of_the_file(tmp_path):
     _random_mistral(tmp_path / "hf", 1)
+    files = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())["weight_map"]
     with HFReader(tmp_path / "hf") as reader:
         for key, (start, end) in {"model.layers.0.self_attn.k_proj.weight": (64, 128),
                                   "model.layers.0.input_layernorm.weight": (3, 500),
                                   "lm_head.weight": (0, VOCAB)}.items():
             rows = reader.map_rows(key, start, end)
             assert torch.equal(rows, reader.get(key)[start:end]), key
+            # no copy: the first and last bytes are the file's own bytes, mapped at their offsets
+            path, nbytes = str(tmp_path / "hf" / files[key]), rows.numel() * rows.element_size()
+            assert _mapping_at(rows.data_ptr()) == (path, _row_offset(Path(path), key, start)), key
+            assert _mapping_at(rows.data_ptr() + nbytes - 1) == (path, _row_offset(Path(path), key, end) - 1), key
             # its own storage of exactly these bytes: Megatron's writer clones views, not this
-            assert rows.untyped_storage().nbytes() == rows.numel() * rows.element_size(), key
+            assert rows.untyped_storage().nbytes() == nbytes, key

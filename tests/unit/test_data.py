@@ -7,7 +7,7 @@ import pytest
 from megatron_apriel.data import ProblemPools, load_problems, write_problems
 from megatron_apriel.data.converters import SkipRow, convert_apps, convert_if_multi, convert_orz, convert_taco
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers import verify
+from megatron_apriel.verifiers import Outcome, verify
 from tests.unit.conftest import apriel
 from tools.prepare_data import convert_file
 
@@ -27,11 +27,71 @@ def test_example_gold_answers_verify():
     for p in load_problems(EXAMPLES / "logic.jsonl"):
         gold = p.reference["entry"]["answer"] if p.reference["source"] == "reasoning_gym" else p.reference["answer"]
         assert verify("logic", p, apriel(rf"\boxed{{{gold}}}")).success, p.id
-    for p in load_problems(EXAMPLES / "function_calling.jsonl"):
+    fc = load_problems(EXAMPLES / "function_calling.jsonl") + load_problems(EXAMPLES / "function_calling_bfcl.jsonl")
+    for p in fc:
         calls = [{"name": name, "arguments": {k: next(v for v in opts if v != "") for k, opts in args.items()
                                               if any(v != "" for v in opts)}}
                  for g in p.reference["ground_truth"] for name, args in g.items()]
         assert verify("function_calling", p, apriel(f"<tool_calls>{json.dumps(calls)}</tool_calls>")).success, p.id
+
+
+def test_bfcl_example_is_real_bfcl_with_its_licence():
+    problems = load_problems(EXAMPLES / "function_calling_bfcl.jsonl", domain="function_calling")
+    assert 15 <= len(problems) <= 25 and {p.metadata["source"] for p in problems} == {"bfcl_v4"}
+    assert len({p.metadata["category"] for p in problems}) >= 6
+    notice = (EXAMPLES / "function_calling_bfcl.LICENSE").read_text()
+    assert "Apache License" in notice and "bfcl-eval 2026.3.23" in notice
+
+
+# A correct and a plausibly wrong solution for each shipped code example (the examples carry tests
+# but no reference solution): the tests must accept the first and reject the second.
+CODE_SOLUTIONS = {
+    "code-00": ("a, b = map(int, input().split())\nprint(a + b)", "a, b = map(int, input().split())\nprint(a - b)"),
+    "code-01": ("input()\nprint(max(map(int, input().split())))", "input()\nprint(min(map(int, input().split())))"),
+    "code-02": ("print(input()[::-1])", "print(input())"),
+    "code-03": ("import math\nprint(math.factorial(int(input())))",
+                "n = int(input())\nr = 1\nfor i in range(1, n):\n    r *= i\nprint(r)"),
+    "code-04": ("n = int(input())\nprint('YES' if n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1)) else 'NO')",
+                "n = int(input())\nprint('YES' if n % 2 else 'NO')"),
+    "code-05": ("print(len(input().split()))", "print(len(input().split()) - 1)"),
+    "code-06": ("n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\nprint(a)",
+                "n = int(input())\na, b = 0, 1\nfor _ in range(n - 1):\n    a, b = b, a + b\nprint(a)"),
+    "code-07": ("print(*sorted(map(int, input().split())))", "print(*sorted(input().split(), reverse=True))"),
+    "code-08": ("print(sum(c in 'aeiou' for c in input()))", "print(sum(c in 'aeiouy' for c in input()))"),
+    "code-09": ("import math\na, b = map(int, input().split())\nprint(math.gcd(a, b))",
+                "a, b = map(int, input().split())\nprint(min(a, b))"),
+    "code-fn-00": ("def add(a, b):\n    return a + b", "def add(a, b):\n    return a * b"),
+    "code-fn-01": ("def is_palindrome(s):\n    return s == s[::-1]", "def is_palindrome(s):\n    return True"),
+    "code-fn-02": ("def two_sum(nums, target):\n    seen = {}\n    for i, x in enumerate(nums):\n"
+                   "        if target - x in seen:\n            return [seen[target - x], i]\n        seen[x] = i",
+                   "def two_sum(nums, target):\n    return [0, 1]"),
+    "code-fn-03": ("from collections import Counter\ndef count_chars(s):\n    return dict(Counter(s))",
+                   "def count_chars(s):\n    return {c: 1 for c in s}"),
+    "code-fn-04": ("def flatten(xs):\n    return [y for x in xs for y in x]", "def flatten(xs):\n    return xs"),
+    "code-fn-05": ("def mean(xs):\n    return sum(xs) / len(xs)", "def mean(xs):\n    return sum(xs) // len(xs)"),
+    "code-fn-06": ("def rotate(xs, k):\n    k %= len(xs)\n    return xs[-k:] + xs[:-k]",
+                   "def rotate(xs, k):\n    return xs[k:] + xs[:k]"),
+    "code-fn-07": ("def missing_number(nums):\n    n = len(nums)\n    return n * (n + 1) // 2 - sum(nums)",
+                   "def missing_number(nums):\n    return len(nums)"),
+    "code-fn-08": ("class Solution:\n    def capitalize_words(self, s):\n"
+                   "        return ' '.join(w[:1].upper() + w[1:] for w in s.split(' '))",
+                   "def capitalize_words(s):\n    return s.capitalize()"),
+    "code-fn-09": ("def binary(n):\n    return bin(n)[2:]", "def binary(n):\n    return bin(n)"),
+}
+
+
+def test_every_code_example_has_its_solutions_here():
+    assert sorted(p.id for p in load_problems(EXAMPLES / "code.jsonl")) == sorted(CODE_SOLUTIONS)
+
+
+@pytest.mark.parametrize("pid", sorted(CODE_SOLUTIONS))
+def test_example_code_tests_accept_a_solution_and_reject_a_wrong_one(needs_root, pid):
+    problem = next(p for p in load_problems(EXAMPLES / "code.jsonl") if p.id == pid)
+    right, wrong = CODE_SOLUTIONS[pid]
+    r = verify("code", problem, apriel(f"```python\n{right}\n```"))
+    assert r.score == 1.0, r.detail
+    r = verify("code", problem, apriel(f"```python\n{wrong}\n```"))
+    assert r.score < 1.0 and r.outcome is Outcome.WRONG, r.detail
 
 
 def test_round_trip_and_pools(tmp_path):

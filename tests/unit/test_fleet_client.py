@@ -1,6 +1,7 @@
 """FleetClient routing, retries and version tags against a stubbed HTTP transport (no vLLM)."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -51,13 +52,17 @@ def test_aborted_requests_are_resent_and_exhaustion_is_an_error():
         asyncio.run(go())
 
 
-def test_least_loaded_routing():
+def _ok(request=None):
+    return httpx.Response(200, json={"choices": [_choice([1], [{"version": "1", "start": 0, "end": 1}])]})
+
+
+def test_concurrent_requests_spread_evenly():
     seen = []
 
     async def handler(request):
         seen.append(request.url.host)
         await asyncio.sleep(0.05)
-        return httpx.Response(200, json={"choices": [_choice([1], [{"version": "1", "start": 0, "end": 1}])]})
+        return _ok()
 
     async def go():
         client = FleetClient(["http://a", "http://b", "http://c"], transport=httpx.MockTransport(handler))
@@ -68,3 +73,81 @@ def test_least_loaded_routing():
 
     asyncio.run(go())
     assert sorted(seen.count(h) for h in "abc") == [3, 3, 3]
+
+
+def test_least_loaded_routing():
+    """While one server holds a request, every new one goes to the idle servers (round-robin would
+    send a third of them to the busy one)."""
+    seen = []
+
+    async def go():
+        holding, release = asyncio.Event(), asyncio.Event()
+
+        async def handler(request):
+            seen.append(request.url.host)
+            if not holding.is_set():  # the first request stays in flight until released
+                holding.set()
+                await release.wait()
+            return _ok()
+
+        client = FleetClient(["http://a", "http://b", "http://c"], transport=httpx.MockTransport(handler))
+        try:
+            first = asyncio.create_task(client.generate([1], SamplingConfig()))
+            await holding.wait()
+            later = [(await client.generate([1], SamplingConfig()))[0].server for _ in range(6)]
+            release.set()
+            return (await first)[0].server, later
+        finally:
+            await client.aclose()
+
+    busy, later = asyncio.run(go())
+    assert busy == f"http://{seen[0]}"
+    assert busy not in later and len(set(later)) == 2  # both idle servers, never the busy one
+
+
+def test_a_failed_server_cools_down_then_serves_again():
+    failed = []
+
+    def handler(request):
+        if not failed:  # the first request's server fails once, then is healthy again
+            failed.append(request.url.host)
+            raise httpx.ConnectError("restarting", request=request)
+        return _ok()
+
+    async def go():
+        client = FleetClient(["http://a", "http://b"], cooldown_s=1.0, transport=httpx.MockTransport(handler))
+        try:
+            (first,) = await client.generate([1], SamplingConfig())
+            during = [(await client.generate([1], SamplingConfig()))[0].server for _ in range(4)]
+            await asyncio.sleep(1.1)
+            after = [(await client.generate([1], SamplingConfig()))[0].server for _ in range(4)]
+            return first, during, after
+        finally:
+            await client.aclose()
+
+    first, during, after = asyncio.run(go())
+    down = f"http://{failed[0]}"
+    assert first.server != down and first.attempts == 2
+    assert down not in during  # on cooldown: skipped while another server is up
+    assert down in after  # back in rotation once the cooldown is over
+
+
+def test_a_lone_failed_server_is_retried_after_its_cooldown():
+    times = []
+
+    def handler(request):
+        times.append(time.monotonic())
+        if len(times) == 1:
+            raise httpx.ConnectError("restarting", request=request)
+        return _ok()
+
+    async def go():
+        client = FleetClient(["http://a"], cooldown_s=0.3, transport=httpx.MockTransport(handler))
+        try:
+            return await client.generate([1], SamplingConfig())
+        finally:
+            await client.aclose()
+
+    (c,) = asyncio.run(go())
+    assert c.attempts == 2 and len(times) == 2
+    assert times[1] - times[0] >= 0.3  # no server is up: the retry waits for the cooldown, it does not hammer

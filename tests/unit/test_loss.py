@@ -40,14 +40,14 @@ def flat_inputs(seqs, adv, truncated, pad=2):
     return LossInputs(logp_N, torch.cat(old), torch.cat(mask), torch.cat(seq), adv, truncated), logp_N
 
 
-def reference_gspo(seqs, adv, truncated, weighting, filtering):
+def reference_gspo(seqs, adv, truncated, weighting, filtering, eps_low=EPS_LOW, eps_high=EPS_HIGH):
     total, B = 0.0, len(seqs)
     for (lp, o), a, t in zip(seqs, adv, truncated):
         if filtering and t:
             continue
         n = len(lp)
         s = torch.exp((lp - o).sum() / n)
-        term = torch.minimum(s * a, torch.clamp(s, 1 - EPS_LOW, 1 + EPS_HIGH) * a)
+        term = torch.minimum(s * a, torch.clamp(s, 1 - eps_low, 1 + eps_high) * a)
         w = n if weighting == "length" else 1.0
         total = total - w * term
     return total / B

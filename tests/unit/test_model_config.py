@@ -80,6 +80,12 @@ def test_gpu_switch_sets_te_fp8_bf16_and_fused_kernels(monkeypatch):
     assert kw["masked_softmax_fusion"] and kw["apply_rope_fusion"]
     assert (kw["kv_channels"], kw["num_query_groups"]) == (128, 8)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cpu = provider.transformer_config_kwargs(ModelConfig(), arch, dataclasses.replace(ctx, device=torch.device("cpu")))
+    cpu_ctx = dataclasses.replace(ctx, device=torch.device("cpu"))
+    cpu = provider.transformer_config_kwargs(ModelConfig(), arch, cpu_ctx)
     assert cpu["transformer_impl"] == "local" and cpu["params_dtype"] == torch.float32 and cpu["fp8"] is None
     assert not cpu["masked_softmax_fusion"] and cpu["use_cpu_initialization"]
+    assert (cpu["hidden_dropout"], cpu["attention_dropout"]) == (0.0, 0.0)
+    drop = provider.transformer_config_kwargs(ModelConfig(dropout=0.1), arch, cpu_ctx)
+    assert (drop["hidden_dropout"], drop["attention_dropout"]) == (0.1, 0.1)
+    with pytest.raises(ValueError, match="model.dropout"):
+        ModelConfig(dropout=1.0)

@@ -1,31 +1,41 @@
-"""Code verifier and sandbox: correct programs pass; hostile programs are contained and score 0.
+"""Code verifier and sandbox: correct programs pass; hostile programs are contained.
 
-The hostile programs print the expected answer *only if their attack succeeded*, so a score of 0
-shows containment. Needs root (network and mount namespaces); skipped otherwise.
+Each security test runs its attack twice: once through `Unsandboxed` (a plain child process of the
+test, with its environment and privileges: the control, where the attack must work) and once in
+the sandbox, where it must not. An attack that solves ADD only if it succeeded scores 1 in the
+control and 0 in the sandbox; attacks on the host's files are checked on the host. Needs root
+(network and mount namespaces): skipped otherwise, and failed under CI (tests/ci.py).
 """
 
 import json
 import os
+import secrets
 import socket
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
 from megatron_apriel.verifiers import Outcome, run_verifier
 from megatron_apriel.verifiers.code import CodeVerifier, CodeVerifierConfig
-from megatron_apriel.verifiers.sandbox import _UID_BASE, SandboxConfig, run_python
+from megatron_apriel.verifiers.sandbox import _UID_BASE, RunResult, SandboxConfig, run_python
 from megatron_apriel.verifiers.sandbox_fusion import SandboxFusionConfig
 from tests.unit.conftest import apriel, make_problem
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the namespace sandbox needs root")
-FAST = SandboxConfig(wall_timeout_s=2.0, cpu_time_s=2, memory_mb=512)
+LIMITS = dict(wall_timeout_s=2.0, cpu_time_s=2, memory_mb=512)
 ADD = {"tests": [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6"}]}
 
 
 def code(src: str) -> str:
     return apriel(f"```python\n{src}\n```")
+
+
+def solves_add_if(attack: str) -> str:
+    """A candidate that runs `attack` (which sets `ok`), then solves ADD only if the attack worked."""
+    return code(f"{attack}\na, b = map(int, input().split())\nprint(a + b if ok else 'contained')")
 
 
 def sandbox_processes() -> list[int]:
@@ -42,14 +52,39 @@ def sandbox_processes() -> list[int]:
     return pids
 
 
+class Unsandboxed:
+    """The control runner: the candidate as a plain child of the test process, with the test's
+    environment, uid and network, under the interpreter the sandbox uses. No protection at all."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    def run(self, code: str, stdin: str = "") -> RunResult:
+        start = time.monotonic()
+        proc = subprocess.run([SandboxConfig.python, "-c", code], input=stdin, capture_output=True, text=True,
+                              timeout=30, cwd=self.workdir)
+        return RunResult(proc.returncode, proc.stdout, proc.stderr, False, time.monotonic() - start)
+
+
 @pytest.fixture
-def verifier():
-    v = CodeVerifier(CodeVerifierConfig(sandbox=FAST))
+def fast(needs_root):
+    return SandboxConfig(**LIMITS)
+
+
+@pytest.fixture
+def verifier(fast):
+    v = CodeVerifier(CodeVerifierConfig(sandbox=fast))
     yield v
     assert sandbox_processes() == [], "a sandboxed process survived its run"
 
 
-@root_only
+@pytest.fixture
+def uncontained(tmp_path):
+    workdir = tmp_path / "control"
+    workdir.mkdir()
+    return CodeVerifier(runner=Unsandboxed(workdir))
+
+
 def test_stdin_stdout_correct_and_wrong(verifier):
     p = make_problem("code", ADD)
     assert run_verifier(verifier, p, code("a, b = map(int, input().split())\nprint(a + b)")).success
@@ -59,7 +94,6 @@ def test_stdin_stdout_correct_and_wrong(verifier):
     assert run_verifier(verifier, p, apriel("print(5)")).outcome is Outcome.NO_ANSWER
 
 
-@root_only
 def test_function_call_style(verifier):
     p = make_problem("code", {"fn_name": "two_sum", "tests": [
         {"input": [[2, 7, 11, 15], 9], "output": [0, 1]}, {"input": [[3, 3], 6], "output": [0, 1]}]})
@@ -70,7 +104,6 @@ def test_function_call_style(verifier):
     assert not run_verifier(verifier, p, code("def two_sum(nums, target):\n    return [1, 0]")).success
 
 
-@root_only
 def test_infinite_loop_times_out(verifier):
     start = time.monotonic()
     r = run_verifier(verifier, make_problem("code", ADD), code("while True:\n    pass"))
@@ -78,76 +111,115 @@ def test_infinite_loop_times_out(verifier):
     assert time.monotonic() - start < 10
 
 
-@root_only
 def test_fork_bomb_is_contained(verifier):
-    bomb = ("import os\nn = 0\nwhile True:\n    try:\n        os.fork()\n        n += 1\n"
-            "    except OSError:\n        if n > 10000: print(5)\n")
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     before = len(os.listdir("/proc"))
     r = run_verifier(verifier, make_problem("code", ADD), code(bomb))
-    assert r.score == 0.0 and r.outcome in (Outcome.TIMEOUT, Outcome.WRONG)
+    assert r.outcome in (Outcome.TIMEOUT, Outcome.WRONG)
     assert sandbox_processes() == []
     assert len(os.listdir("/proc")) < before + 50
 
 
-@root_only
+def test_process_limit(verifier, uncontained, fast):
+    """Holding 3x max_processes processes at once works unsandboxed, not as the sandbox uid (RLIMIT_NPROC)."""
+    want = 3 * fast.max_processes
+    attack = solves_add_if(
+        f"import os, time\nheld = 0\nfor _ in range({want}):\n    try:\n        pid = os.fork()\n"
+        f"    except OSError:\n        break\n    if pid == 0:\n        time.sleep(1)\n        os._exit(0)\n"
+        f"    held += 1\nok = held == {want}")
+    p = make_problem("code", ADD)
+    assert run_verifier(uncontained, p, attack).success
+    r = run_verifier(verifier, p, attack)
+    assert r.outcome is Outcome.WRONG and r.score == 0.0
+
+
 def test_memory_hog_is_contained(verifier):
     hog = "x = bytearray(4 << 30)\nprint(5)"
     r = run_verifier(verifier, make_problem("code", ADD), code(hog))
     assert r.outcome is Outcome.WRONG and "MemoryError" in r.detail
 
 
-@root_only
 def test_output_flood_is_cut(verifier):
     r = run_verifier(verifier, make_problem("code", ADD), code("while True:\n    print('x' * 100000)"))
     assert r.score == 0.0 and r.outcome is Outcome.WRONG  # killed by RLIMIT_FSIZE, not the wall clock
 
 
-@root_only
-def test_writes_outside_workdir_are_contained(verifier, tmp_path):
+def test_writes_outside_workdir_are_contained(verifier, uncontained, tmp_path):
+    """Files the control writes on the host (private tmpfs dirs, a root-owned home) stay unwritten."""
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # even a world-writable directory of the host must stay untouched
-    targets = [str(shared / "pwned"), "/var/tmp/apriel_pwned", "/root/apriel_pwned", "/etc/apriel_pwned"]
-    attack = ("import sys\nok = 0\nfor t in %r:\n    try:\n        open(t, 'w').write('x')\n        ok += 1\n"
-              "    except OSError:\n        pass\nif ok == len(%r): print(5)\n") % (targets[2:], targets[2:])
-    attack += "\nfor t in %r:\n    open(t, 'w').write('x')\n" % (targets[:2],)
-    r = run_verifier(verifier, make_problem("code", ADD), code(attack))
-    assert r.score == 0.0
-    for t in targets:
-        assert not os.path.exists(t), t
-
-
-@root_only
-def test_no_network(verifier):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    port = server.getsockname()[1]
-    attack = ("import socket\nfor host in ('127.0.0.1', '1.1.1.1'):\n    try:\n"
-              "        socket.create_connection((host, %d if host == '127.0.0.1' else 53), timeout=1)\n"
-              "        print(5)\n        break\n    except OSError:\n        pass\n") % port
+    tag = secrets.token_hex(4)
+    targets = [shared / "pwned", Path("/var/tmp") / f"apriel-pwned-{tag}", Path.home() / f"apriel-pwned-{tag}"]
+    if os.path.isdir("/dev/shm"):
+        targets.append(Path("/dev/shm") / f"apriel-pwned-{tag}")
+    attack = code("for t in %r:\n    try:\n        open(t, 'w').write('x')\n    except OSError:\n        pass\n"
+                  "print(5)" % ([str(t) for t in targets],))
+    p = make_problem("code", ADD)
     try:
-        r = run_verifier(verifier, make_problem("code", ADD), code(attack))
+        run_verifier(uncontained, p, attack)
+        assert [t for t in targets if not t.exists()] == []  # the control reaches every target
+        for t in targets:
+            t.unlink()
+        run_verifier(verifier, p, attack)
+        assert [t for t in targets if t.exists()] == []
     finally:
-        server.close()
-    assert r.score == 0.0 and r.outcome is Outcome.WRONG
+        for t in targets:
+            t.unlink(missing_ok=True)
 
 
-@root_only
-def test_parent_environment_is_hidden(verifier, monkeypatch):
-    monkeypatch.setenv("APRIEL_TEST_SECRET", "5")
-    attack = ("import os\nv = os.environ.get('APRIEL_TEST_SECRET')\nif v is None:\n    try:\n"
-              "        raw = open('/proc/%d/environ', 'rb').read()\n"
-              "        v = '5' if b'APRIEL_TEST_SECRET' in raw else None\n"
-              "    except OSError:\n        pass\nprint(v)\n") % os.getpid()
-    r = run_verifier(verifier, make_problem("code", ADD), code(attack))
-    assert r.score == 0.0
+def _accept_all(server: socket.socket) -> int:
+    """Connections waiting in the listener's backlog (accepted and closed)."""
+    n = 0
+    while True:
+        try:
+            conn, _ = server.accept()
+        except BlockingIOError:
+            return n
+        conn.close()
+        n += 1
 
 
-@root_only
-def test_run_python_scrubbed_env_and_cleanup():
+def test_no_network(verifier, uncontained):
+    """A listener on the host's loopback is reachable unsandboxed, not from the sandbox's namespace."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        attack = solves_add_if("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=1).close()\n"
+                               "    ok = True\nexcept OSError:\n    ok = False" % server.getsockname()[1])
+        p = make_problem("code", ADD)
+        assert run_verifier(uncontained, p, attack).success
+        assert _accept_all(server) == len(ADD["tests"])  # one connection per test reached the host
+        r = run_verifier(verifier, p, attack)
+        assert r.outcome is Outcome.WRONG and r.score == 0.0
+        assert _accept_all(server) == 0
+
+
+def test_parent_environment_is_hidden(verifier, uncontained, monkeypatch):
+    """A secret in the verifier's environment reaches an unsandboxed child, not a sandboxed one."""
+    secret = secrets.token_hex(8)
+    monkeypatch.setenv("APRIEL_TEST_SECRET", secret)
+    attack = solves_add_if(f"import os\nok = os.environ.get('APRIEL_TEST_SECRET') == {secret!r}")
+    p = make_problem("code", ADD)
+    assert run_verifier(uncontained, p, attack).success
+    r = run_verifier(verifier, p, attack)
+    assert r.outcome is Outcome.WRONG and r.score == 0.0
+
+
+def test_parent_process_environ_is_unreadable(verifier, uncontained):
+    """/proc/<verifier>/environ is readable by an unsandboxed child, not by the sandbox uid."""
+    attack = solves_add_if("try:\n    ok = b'=' in open('/proc/%d/environ', 'rb').read()\n"
+                           "except OSError:\n    ok = False" % os.getpid())
+    p = make_problem("code", ADD)
+    assert run_verifier(uncontained, p, attack).success
+    r = run_verifier(verifier, p, attack)
+    assert r.outcome is Outcome.WRONG and r.score == 0.0
+
+
+def test_run_python_scrubbed_env_and_cleanup(fast):
     before = {n for n in os.listdir("/tmp") if n.startswith("apriel-sbx")}
-    r = run_python("import os\nprint(sorted(os.environ))\nprint(os.getuid())", "", FAST)
+    r = run_python("import os\nprint(sorted(os.environ))\nprint(os.getuid())", "", fast)
     env, uid = r.stdout.splitlines()
     assert set(eval(env)) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "OMP_NUM_THREADS"}
     assert int(uid) >= _UID_BASE

@@ -76,7 +76,8 @@ def test_fc_mismatches(call):
 
 
 def test_fc_types():
-    fn = {"name": "area", "parameters": {"type": "object", "properties": {}, "required": ["r", "exact"]}}
+    fn = {"name": "area", "parameters": {"type": "object", "properties": {
+        "r": {"type": "number"}, "exact": {"type": "boolean"}}, "required": ["r", "exact"]}}
     p = fc_problem([{"area": {"r": [2.0], "exact": [True]}}], [fn])
     assert verify("function_calling", p, calls(("area", {"r": 2, "exact": True}))).success
     assert not verify("function_calling", p, calls(("area", {"r": 2, "exact": 1}))).success
@@ -93,6 +94,71 @@ def test_fc_parallel_partial_credit_any_order():
     # duplicates cannot match two gold calls
     r = verify("function_calling", p, calls(("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Rome"})))
     assert r.score == pytest.approx(1 / 3)
+
+
+def test_fc_gold_parameter_without_blank_is_needed_even_if_the_schema_has_a_default():
+    # BFCL simple_python_23: "prime factors of 60 in the form of a dictionary"
+    fn = {"name": "prime_factorize", "parameters": {"type": "dict", "properties": {
+        "number": {"type": "integer"}, "return_type": {"type": "string", "default": "list"}}, "required": ["number"]}}
+    p = fc_problem([{"prime_factorize": {"number": [60], "return_type": ["dictionary"]}}], [fn])
+    r = verify("function_calling", p, calls(("prime_factorize", {"number": 60})))
+    assert r.outcome is Outcome.WRONG and r.score == 0.0
+    assert verify("function_calling", p, calls(("prime_factorize", {"number": 60, "return_type": "dictionary"}))).success
+
+
+def test_fc_explicit_null():
+    fn = {"name": "power", "parameters": {"type": "dict", "properties": {
+        "base": {"type": "integer"}, "mod": {"type": "integer"}, "exp": {"type": "integer"}}, "required": ["base"]}}
+    p = fc_problem([{"power": {"base": [2], "mod": ["", None], "exp": ["", 3]}}], [fn])  # as in parallel_152
+    assert verify("function_calling", p, calls(("power", {"base": 2, "mod": None}))).success
+    assert verify("function_calling", p, calls(("power", {"base": 2}))).success
+    assert not verify("function_calling", p, calls(("power", {"base": 2, "exp": None}))).success  # null not listed
+    assert not verify("function_calling", p, calls(("power", {"base": None}))).success
+    only_null = fc_problem([{"power": {"base": [2], "mod": [None]}}], [fn])
+    assert verify("function_calling", only_null, calls(("power", {"base": 2, "mod": None}))).success
+    assert not verify("function_calling", only_null, calls(("power", {"base": 2}))).success
+
+
+def test_fc_values_follow_the_declared_type():
+    fn = {"name": "book", "parameters": {"type": "dict", "properties": {
+        "rooms": {"type": "integer"}, "speed": {"type": "float"}, "city": {"type": "string"}}, "required": []}}
+    p = fc_problem([{"book": {"rooms": ["dontcare"], "speed": [0], "city": ["New York"]}}], [fn])
+    assert verify("function_calling", p, calls(("book", {"rooms": "dontcare", "speed": 0.0, "city": "new-york"}))).success
+    # a gold value of another type than declared is a literal: no standardisation
+    assert not verify("function_calling", p, calls(("book", {"rooms": "DontCare", "speed": 0, "city": "New York"}))).success
+    assert not verify("function_calling", p, calls(("book", {"rooms": "dontcare", "speed": 0, "city": 5}))).success
+
+
+def test_fc_parameter_outside_the_schema_is_rejected():
+    p = fc_problem([{"get_weather": {"city": ["Paris"], "days": ["", 3]}}])
+    assert verify("function_calling", p, calls(("get_weather", {"city": "Paris"}))).success
+    assert not verify("function_calling", p, calls(("get_weather", {"city": "Paris", "days": 3}))).success
+
+
+@pytest.mark.parametrize("gold", [{"get_weather": {"city": ["Paris"], "country": ["France"]}},   # undeclared
+                                  {"get_weather": {"city": []}},                                # nothing allowed
+                                  {"get_weather": {"unit": ["celsius"]}},                       # required city
+                                  {"get_time": {"city": ["Paris"]}}])                           # unknown tool
+def test_fc_unpassable_problem_is_a_verifier_error(gold):
+    r = verify("function_calling", fc_problem([gold]), calls(("get_weather", {"city": "Paris"})))
+    assert r.outcome is Outcome.VERIFIER_ERROR and "no call can pass" in r.detail
+
+
+def test_fc_extra_calls_are_penalised():
+    p = fc_problem([{"get_weather": {"city": ["Paris"], "unit": [""]}}])
+    r = verify("function_calling", p, calls(("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})))
+    assert r.outcome is Outcome.WRONG and r.score == pytest.approx(1 / 2)
+
+
+def test_fc_one_to_one_matching_beats_greedy_order():
+    # BFCL parallel_178: the first gold call allows either company, the last only Apple; a greedy
+    # matcher gives Apple's call to the first gold call and then cannot match the last one.
+    gold = [{"get_weather": {"city": ["Paris", "Rome"], "unit": [""]}},
+            {"get_weather": {"city": ["Oslo"], "unit": [""]}},
+            {"get_weather": {"city": ["Rome"], "unit": [""]}}]
+    p = fc_problem(gold)
+    preds = calls(("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Paris"}))
+    assert verify("function_calling", p, preds).success
 
 
 def test_fc_openai_format_and_parse_failures():

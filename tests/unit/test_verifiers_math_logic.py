@@ -1,8 +1,10 @@
+import time
+
 import pytest
 import reasoning_gym
 
 from megatron_apriel.verifiers import VERIFIERS, Outcome, extract_final_response, run_verifier, verify
-from megatron_apriel.verifiers.math import last_boxed
+from megatron_apriel.verifiers.math import MathVerifier, MathVerifierConfig, last_boxed
 from tests.unit.conftest import apriel, make_problem
 
 
@@ -41,6 +43,20 @@ def test_math_failures():
     assert verify("math", p, apriel("no box here", reasoning=r"maybe \boxed{1/2}")).outcome is Outcome.NO_ANSWER
     # the last box wins
     assert verify("math", p, apriel(r"\boxed{3} no wait \boxed{1/2}")).success
+
+
+@pytest.mark.parametrize("answer", [r"\sqrt[9^{9^9}]{2}", r"9^{9^{9}}"], ids=["in_parsing", "in_comparison"])
+def test_math_pathological_answer_times_out_within_its_budget(answer):
+    """Numbers with some 370 million digits: math-verify's timers (timeout_s to parse, then timeout_s to
+    compare) must stop them, and the result is TIMEOUT, a model failure. The first answer stalls the
+    parser, the second the comparison."""
+    timeout_s = 2
+    verifier = MathVerifier(MathVerifierConfig(timeout_s=timeout_s))
+    start = time.monotonic()
+    r = run_verifier(verifier, make_problem("math", "1"), apriel(rf"\boxed{{{answer}}}"))
+    elapsed = time.monotonic() - start
+    assert r.outcome is Outcome.TIMEOUT and r.score == 0.0 and r.is_model_failure
+    assert timeout_s <= elapsed < 2 * timeout_s + 1
 
 
 def test_math_bad_reference_is_verifier_error():

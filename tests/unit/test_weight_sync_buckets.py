@@ -65,9 +65,16 @@ def test_fused_pack_seal_equals_pack_then_seal(bucket_bytes, algo):
 
 
 def test_buckets_respect_size_and_oversized_tensor_gets_its_own():
-    layouts = B.plan_buckets([("a", torch.float32, (10,)), ("big", torch.float32, (1000,)), ("c", torch.float32, (10,))], 512)
-    assert [[s.name for s in b.tensors] for b in layouts] == [["a"], ["big"], ["c"]]
-    assert all(b.nbytes <= 512 for b in layouts if len(b.tensors) > 1)
+    """Float32 tensors of 40, 160, 4000, 40, 40 and 400 bytes into 512-byte buckets, 64-byte aligned,
+    worked by hand: a@0 b@64 (224 used); big would start at 256 and overflow: a bucket of its own;
+    c@0 d@64 (104 used); e would end at 128 + 400 = 528 > 512: it opens the last bucket."""
+    sizes = {"a": 10, "b": 40, "big": 1000, "c": 10, "d": 10, "e": 100}
+    layouts = B.plan_buckets([(n, torch.float32, (k,)) for n, k in sizes.items()], 512)
+    assert [[(s.name, s.offset) for s in b.tensors] for b in layouts] == [
+        [("a", 0), ("b", 64)], [("big", 0)], [("c", 0), ("d", 64)], [("e", 0)]]
+    assert [b.nbytes for b in layouts] == [256, 4032, 128, 448]
+    shared = [b for b in layouts if len(b.tensors) > 1]
+    assert len(shared) == 2 and all(b.nbytes <= 512 for b in shared)
 
 
 @pytest.mark.parametrize("algo", ["crc32", "sum64"])

