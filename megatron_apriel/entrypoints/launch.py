@@ -51,7 +51,7 @@ class Component:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.cmd)}\n")
             log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **self.env})
+                                         env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
 
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
@@ -76,6 +76,15 @@ class Component:
 
 class LaunchError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux), so that
+    no component outlives a launcher that could not stop it."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _say(msg: str) -> None:
@@ -221,7 +230,8 @@ class Launcher:
         """Until the trainer exits: restart crashed servers/actor, show progress. Trainer's exit code."""
         from tqdm import tqdm
 
-        with tqdm(total=self.run.trainer.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(total=self.run.trainer.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
+                  disable=not sys.stderr.isatty()) as bar:
             while True:
                 self._show_metrics(bar)
                 code = self.trainer.poll()

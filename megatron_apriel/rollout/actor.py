@@ -107,10 +107,13 @@ class Actor:
         self.client, self.sampler, self.order, self.tokenizer = client, sampler, order, tokenizer
         self.stream, self.verify, self.metrics, self.members = stream, verify, metrics, members
         self._instances: dict[str, str] = {}
+        self._regenerate: list[PendingGroup] = []
         self._last_members = 0.0
         self.tasks: dict[asyncio.Task, PendingGroup] = {}
         self.finished: list[RolloutGroup] = []
-        self.progress = TrainerProgress(step=0, filled=0, cursor=0, version=0)
+        self.progress: Optional[TrainerProgress] = None
+        """The trainer's last published progress; nothing is generated before the first one (the
+        trainer publishes it once the fleet serves its weights)."""
         self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0}
         self._t0 = time.monotonic()
         self._last_flush = self._last_metrics = time.monotonic()
@@ -151,6 +154,10 @@ class Actor:
         self.tasks[asyncio.create_task(self._group(pending))] = pending
 
     def _admit(self) -> None:
+        if self.progress is None:
+            return
+        while self._regenerate:  # admitted before a restart: they go first, whatever the bound
+            self._start(self._regenerate.pop(0))
         queued = self.stream.next_seq + len(self.finished) - self.progress.cursor + len(self.tasks)
         max_queued = self.cfg.max_queued_steps * self.rollout.groups_per_step
         while len(self.tasks) < self.cfg.max_in_flight and may_admit(
@@ -178,7 +185,7 @@ class Actor:
             self.stats["tokens"] += sum(r.length for r in group.rollouts)
 
     def _flush(self, force: bool = False) -> None:
-        trainer_waits = self.progress.cursor >= self.stream.next_seq
+        trainer_waits = self.progress is not None and self.progress.cursor >= self.stream.next_seq
         due = time.monotonic() - self._last_flush >= self.cfg.flush_interval_s
         if self.finished and (force or due or trainer_waits or not self.tasks):
             self.stream.append(self.finished, self.snapshot())
@@ -189,7 +196,7 @@ class Actor:
         progress = read_progress(self.stream.root)
         if progress is not None:
             self.progress = progress
-        self.client.required_version = self.progress.version
+            self.client.required_version = progress.version
 
     def _refresh_members(self, every_s: float = 2.0) -> None:
         if self.members is None or time.monotonic() - self._last_members < every_s:
@@ -200,8 +207,8 @@ class Actor:
             if known is None:
                 self.client.add_server(url)
             elif known != instance:
-                log.warning("server %s restarted (new instance); it gets requests once it serves version %d",
-                            url, self.progress.version)
+                log.warning("server %s restarted (new instance); it gets requests once it serves the current "
+                            "weights", url)
                 self.client.mark_restarted(url)
             self._instances[url] = instance
 
@@ -215,14 +222,13 @@ class Actor:
              "actor/skipped_prompts": float(self.stats["skipped_prompts"]),
              "actor/fleet_retries": float(self.stats["fleet_retries"])}
         m.update({f"actor/p/{d}": p for d, p in self.sampler.probabilities().items()})
-        self.metrics.log(m, self.progress.step)
+        self.metrics.log(m, self.progress.step if self.progress else 0)
         self._last_metrics = now
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Generate until ``stop`` is set; then write what finished and cancel the rest."""
-        for pending in self.restore():
-            self._start(pending)
+        self._regenerate = self.restore()
         try:
             while not stop.is_set():
                 self._refresh_progress()

@@ -33,7 +33,7 @@ from typing import Optional
 import httpx
 
 from megatron_apriel.rollout.types import VersionSpan
-from megatron_apriel.weight_sync.protocol import parse_version_label
+from megatron_apriel.weight_sync.protocol import STARTUP_LABEL, parse_version_label
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,9 @@ class FleetClient:
         self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=max_connections),
                                        transport=transport)
         self._rr = itertools.count()
-        self.required_version = 0
-        """Servers known to serve an older version take no request (see the module docstring)."""
+        self.required_version: Optional[int] = None
+        """None: no gate. Else servers not known to serve at least this version take no request
+        (see the module docstring); a server on its start-up weights never counts as current."""
 
     def add_server(self, url: str) -> None:
         if url.rstrip("/") not in {s.url for s in self.servers}:
@@ -139,7 +140,7 @@ class FleetClient:
         return {s.url: s.in_flight for s in self.servers}
 
     def _current(self, s: _Server) -> bool:
-        return self.required_version == 0 or (s.version is not None and s.version >= self.required_version)
+        return self.required_version is None or (s.version is not None and s.version >= self.required_version)
 
     def _pick(self, candidates: list[_Server]) -> _Server:
         now = time.monotonic()
@@ -151,7 +152,8 @@ class FleetClient:
         try:
             response = await self._http.get(server.url + "/weight_info", timeout=10.0)
             response.raise_for_status()
-            server.version = parse_version_label(response.json()["weight_version"])
+            label = response.json()["weight_version"]
+            server.version = None if label == STARTUP_LABEL else parse_version_label(label)
         except (httpx.TransportError, httpx.HTTPStatusError) as err:
             server.down_until = time.monotonic() + self.cooldown_s
             log.info("%s did not answer /weight_info (%s)", server.url, err)

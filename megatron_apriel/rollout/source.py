@@ -133,23 +133,25 @@ class StreamSource:
     def _select(self, step: int) -> StepPlan:
         """Rank 0: read groups until ``groups_per_step`` usable ones; plan and metrics."""
         taken: list[tuple[int, RolloutGroup]] = []
+        read: list[RolloutGroup] = []
         skipped: Counter = Counter()
         lags: list[int] = []
         self._publish(step, 0)
         while len(taken) < self.cfg.groups_per_step:
             group = self.reader.wait_group(self.poll_s, self.timeout_s, on_wait=lambda: self._publish(step, len(taken)))
-            if group.dropped:
-                skipped[group.dropped] += 1
-                continue
+            read.append(group)
             lag = group_lag(step, group.min_version)
-            if self.cfg.max_lag is not None and lag > self.cfg.max_lag:
+            if group.dropped:
+                skipped["filtered" if group.dropped == "zero_advantage" else group.dropped] += 1
+            elif self.cfg.max_lag is not None and lag > self.cfg.max_lag:
                 skipped["stale"] += 1
-                continue
-            lags.append(lag)
-            taken.append((self.reader.segment_first, group))
+            else:
+                lags.append(lag)
+                taken.append((self.reader.segment_first, group))
         self._publish(step + 1, 0)  # this step is full: the next group goes to the next step
         now = time.monotonic()
-        metrics = self._metrics([g for _, g in taken], skipped, lags, now - self._last_read)
+        metrics = self._metrics(read, [g for _, g in taken], skipped, lags, now - self._last_read)
+        metrics["rollout/cursor"] = float(self.reader.cursor)  # the step read groups [previous cursor, this)
         self._last_read = now
         items = [(first, g.seq, i, len(g.prompt_ids) + r.length)
                  for first, g in taken for i, r in enumerate(g.rollouts)]
@@ -164,16 +166,21 @@ class StreamSource:
         self.consumed.update(plan.domains)
         return samples, plan.metrics
 
-    def _metrics(self, groups: list[RolloutGroup], skipped: Counter, lags: list[int], wait_s: float) -> dict:
-        m: dict[str, float] = {f"rollout/groups_{k}": float(v) for k, v in skipped.items()}
-        m["rollout/groups_filtered"] = float(skipped["zero_advantage"])
+    def _metrics(self, read: list[RolloutGroup], trained: list[RolloutGroup], skipped: Counter, lags: list[int],
+                 wait_s: float) -> dict:
+        """Rollout metrics over every group read this step (what the policy did, filtered groups
+        included), and the lag and mix of the groups trained."""
+        m: dict[str, float] = {f"rollout/groups_{k}": float(skipped[k]) for k in ("filtered", "verifier_error", "stale")}
+        m["rollout/groups_read"] = float(len(read))
         by_domain: dict[str, list] = defaultdict(list)
-        for g in groups:
+        for g in read:
             by_domain[g.domain] += g.rollouts
-        everything = [r for g in groups for r in g.rollouts]
+        everything = [r for g in read for r in g.rollouts]
         m.update(_rollout_stats("rollout", everything))
         for d, rs in by_domain.items():
             m.update(_rollout_stats(f"domain/{d}", rs))
+        m["rollout/trained_reward"] = sum(r.reward for g in trained for r in g.rollouts) / sum(
+            len(g.rollouts) for g in trained)
         m["rollout/lag_mean"] = sum(lags) / len(lags)
         m["rollout/lag_max"] = float(max(lags))
         for lag, n in sorted(Counter(lags).items()):
@@ -181,12 +188,12 @@ class StreamSource:
         tokens = sum(r.length for r in everything)
         m["rollout/completion_tokens"] = float(tokens)
         m["rollout/consumed_tokens_per_s"] = tokens / max(wait_s, 1e-9)
-        m["rollout/generate_s_mean"] = sum(g.timings.generate_s for g in groups) / len(groups)
-        m["rollout/verify_s_mean"] = sum(g.timings.verify_s for g in groups) / len(groups)
+        m["rollout/generate_s_mean"] = sum(g.timings.generate_s for g in read) / len(read)
+        m["rollout/verify_s_mean"] = sum(g.timings.verify_s for g in read) / len(read)
         spanning = sum(len({s.version for s in r.versions}) > 1 for r in everything)
         m["rollout/multi_version_share"] = spanning / len(everything)
-        domains = Counter(g.domain for g in groups)
-        total = sum(self.consumed.values()) + len(groups)
+        domains = Counter(g.domain for g in trained)
+        total = sum(self.consumed.values()) + len(trained)
         for d, t in self.targets.items():
             m[f"mix/{d}/realised"] = (self.consumed[d] + domains[d]) / total
             m[f"mix/{d}/target"] = t

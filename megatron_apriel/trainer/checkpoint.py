@@ -216,3 +216,31 @@ def load_model_weights(path: str, chunks) -> None:
                                 "create one with `apriel-convert hf-to-mcore`.")
     model = chunks[0].module
     model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), path))
+
+
+HF_DIRECT_LOAD_LIMIT_BYTES = 8 * 2**30
+"""Above this, every rank reading the whole HF checkpoint costs too much host memory: convert once."""
+
+
+@torch.no_grad()
+def load_hf_weights(hf_path: str, chunks, arch: ModelArch, ctx: ParallelContext) -> None:
+    """Initialise this rank's stage from a Hugging Face checkpoint (the served base model).
+
+    Every rank reads the text decoder's tensors (any key layout: plain, LLaVA) and keeps its own
+    stage and shard. Meant for small models; a large one is refused with the one-time conversion
+    that replaces it (``apriel-convert hf-to-mcore`` then ``checkpoint.load``).
+    """
+    from megatron_apriel.convert.hf_io import HFReader
+    from megatron_apriel.convert.mapping import detect_layout, hf_to_canonical
+    from megatron_apriel.model.state import load_full_state_dict
+
+    reader = HFReader(hf_path)
+    size = sum((reader.path / f).stat().st_size for f in set(reader.files.values()))
+    if size > HF_DIRECT_LOAD_LIMIT_BYTES:
+        raise ValueError(f"{hf_path} holds {size / 2**30:.1f} GiB: convert it once with `apriel-convert hf-to-mcore "
+                         f"--hf {hf_path} --out CKPT --tp {ctx.dims.tp} --pp {ctx.dims.pp}` and set checkpoint.load=CKPT.")
+    layout = detect_layout(reader.files.keys(), reader.config)
+    plain = {layout.to_plain(k): k for k in reader.files}
+    with reader:
+        hf = {name: reader.get(key) for name, key in plain.items() if name is not None}
+        load_full_state_dict(chunks[0].module, hf_to_canonical(hf, arch), ctx)

@@ -13,7 +13,6 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.metrics import MetricLogger
@@ -23,7 +22,8 @@ from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.rollout.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
-from megatron_apriel.trainer.checkpoint import latest_checkpoint, load_checkpoint, load_model_weights, save_checkpoint
+from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
+                                               save_checkpoint)
 from megatron_apriel.trainer.step import train_step
 
 log = logging.getLogger("megatron_apriel")
@@ -59,7 +59,9 @@ class Trainer:
         self.stop_requested = True  # acted on at the end of the current step, on every rank at once
 
     def restore(self) -> None:
-        """Resume from the newest complete checkpoint, else load initial weights if configured."""
+        """Resume from the newest complete checkpoint, else initial weights: ``checkpoint.load`` (a
+        Megatron checkpoint), else the Hugging Face model of ``model.hf_path`` (the one the fleet
+        serves), else the random init of an inline ``model.arch``."""
         latest = latest_checkpoint(self.ckpt_root) if self.cfg.checkpoint.resume else None
         if latest is not None:
             state = load_checkpoint(latest, self.chunks, self.optimizer, self.scheduler, self.ctx)
@@ -69,6 +71,9 @@ class Trainer:
         elif self.cfg.checkpoint.load:
             load_model_weights(self.cfg.checkpoint.load, self.chunks)
             log.info("initial weights from %s", self.cfg.checkpoint.load)
+        elif self.cfg.model.hf_path:
+            load_hf_weights(self.cfg.model.hf_path, self.chunks, self.arch, self.ctx)
+            log.info("initial weights from %s", self.cfg.model.hf_path)
 
     def save(self) -> None:
         path = save_checkpoint(self.ckpt_root, self.step, self.chunks, self.optimizer, self.scheduler, self.ctx,

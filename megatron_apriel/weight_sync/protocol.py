@@ -168,6 +168,10 @@ def parse_message(data: Union[bytes, str, dict]) -> WeightSyncMessage:
     return MESSAGE_ADAPTER.validate_json(data)
 
 
+STARTUP_LABEL = "default"
+"""vLLM's label for the weights a server was started with (before any update)."""
+
+
 def version_label(version: int) -> str:
     """The label vLLM serves in ``/weight_info`` and in each output's weight-version spans."""
     return str(version)
@@ -176,7 +180,7 @@ def version_label(version: int) -> str:
 def parse_version_label(label: str) -> int:
     """Inverse of ``version_label``; vLLM's initial label ``"default"`` is version 0 (the weights
     the server was started with)."""
-    if label == "default":
+    if label == STARTUP_LABEL:
         return 0
     if not label.isdigit():
         raise ValueError(f"weight version label {label!r} was not set by megatron_apriel (expected digits).")
