@@ -1,0 +1,85 @@
+"""The launcher refuses bad input before anything starts, and its dry run describes the paper's run."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from megatron_apriel.testing.tiny_model import build_tiny_model
+from tests.unit.conftest import launcher_env
+
+MISTRAL_TEXT = {"model_type": "mistral", "vocab_size": 131072, "hidden_size": 5120, "intermediate_size": 14336,
+                "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "rope_theta": 1e9, "rms_norm_eps": 1e-5, "hidden_act": "silu", "sliding_window": None,
+                "tie_word_embeddings": False, "max_position_embeddings": 131072}
+
+
+def apriel_train(*args, cwd):
+    return subprocess.run([shutil.which("apriel-train"), *args], capture_output=True, text=True, timeout=300,
+                          env=launcher_env(), cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def fleet_run(tmp_path, model_dir, *extra):
+    run = tmp_path / "run"
+    proc = apriel_train("--config-name", "tiny_cpu", f"run_dir={run}", "tiny_base.enabled=false",
+                        f"model.hf_path={model_dir}", *extra, cwd=tmp_path)
+    return proc, run
+
+
+def test_a_malformed_data_row_is_named_and_nothing_starts(tmp_path, model_dir):
+    good = {"id": "m1", "domain": "math", "prompt": [{"role": "user", "content": "1+1?"}], "reference": "\"2\"",
+            "metadata": "{}"}
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps(good) + "\n" + '{"id": "m2", "domain": "math", "prompt": [}\n')
+    proc, run = fleet_run(tmp_path, model_dir, f"actor.data=[{data}]")
+    assert proc.returncode == 2
+    assert f"{data}:2" in proc.stderr and "invalid JSON" in proc.stderr
+    assert not (run / "logs").exists()  # no server, actor or trainer was started
+
+
+def test_a_domain_without_problems_is_refused(tmp_path, model_dir):
+    data = tmp_path / "math.jsonl"
+    row = {"id": "m1", "domain": "math", "prompt": [{"role": "user", "content": "1+1?"}], "reference": "\"2\"",
+           "metadata": "{}"}
+    data.write_text(json.dumps(row) + "\n")
+    proc, run = fleet_run(tmp_path, model_dir, f"actor.data=[{data}]", "+actor.sampler.weights.code=0.5")
+    assert proc.returncode == 2 and "['code'] have weight > 0" in proc.stderr and not (run / "logs").exists()
+
+
+def test_inconsistent_budgets_are_refused(tmp_path, model_dir):
+    proc, run = fleet_run(tmp_path, model_dir, "trainer.seq_len=80", "rewards.max_len=24", "actor.max_prompt_tokens=64")
+    assert proc.returncode != 0 and "trainer.seq_len=80 cannot hold" in proc.stderr
+    proc, run = fleet_run(tmp_path, model_dir, "fleet.vllm_args=[--max-model-len,32]")
+    assert proc.returncode == 2 and "--max-model-len 32 < actor.max_prompt_tokens" in proc.stderr
+
+
+def text_params(c):
+    """The text decoder's parameter count from its config, by hand: embeddings, 48 x (attention,
+    SwiGLU MLP, 2 norms), final norm, untied output layer."""
+    h, f, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    return v * h + layers * (h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h) + h + v * h
+
+
+def test_dry_run_describes_the_paper_recipe(tmp_path):
+    model = tmp_path / "apriel"
+    model.mkdir()
+    config = {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "text_config": MISTRAL_TEXT,
+              "vision_config": {"model_type": "pixtral"}}
+    (model / "config.json").write_text(json.dumps(config))
+    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={model}", "actor.data=[/data/math.jsonl]",
+                        "launch.dry_run=true", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert f"{text_params(MISTRAL_TEXT) / 1e9:.2f}B parameters" in out and "48 layers" in out
+    assert "4 node(s) x 8 rank(s) = TP 4 x PP 1 x DP 8" in out and "250 steps of 128 groups x G=8" in out
+    assert sum(line.strip().startswith("server_") for line in out.splitlines()) == 32
+    assert "--max-model-len 20096" in out and "budget 16000 tokens" in out and "max_lag None" in out
+    assert not (tmp_path / "run" / "logs").exists()  # a dry run starts nothing
