@@ -10,6 +10,11 @@ One process per call (world size 1). The same tiny model (canonical random weigh
 as CPU fp32 (without CUDA) or as CUDA fp32 and CUDA bf16 (local layer spec; Transformer Engine does
 not travel to the device machine). ``--compare`` prints the largest differences of per-token
 log-probs, loss and updated weights against the saved CPU fp32 run. Expect ~1e-6 for CUDA fp32.
+
+Then two steps of the real ``Trainer.run`` (the composition root's ``build_trainer``, the local
+self-sampling source: the device machine has no vLLM) in each precision, with their metrics side by
+side: this runs every collective the trainer issues (stop flag, metric reductions, DP all-reduce)
+on the device's backend.
 """
 
 from __future__ import annotations
@@ -71,6 +76,27 @@ def run(ctx, precision: str) -> dict:
             "weights": weights}
 
 
+def trainer_steps(precision: str, ctx, steps: int = 2) -> list[dict]:
+    """``steps`` steps of ``Trainer.run`` on the tiny_local preset, in ``precision``, on this device."""
+    import tempfile
+
+    from hydra import compose, initialize_config_module
+
+    from megatron_apriel.config import register_configs, to_run_config
+    from megatron_apriel.entrypoints.train import build_trainer
+
+    register_configs()
+    with tempfile.TemporaryDirectory() as tmp, initialize_config_module("megatron_apriel.conf", version_base=None):
+        run = to_run_config(compose("tiny_local", [f"model.precision={precision}", f"trainer.steps={steps}",
+                                                   f"run_dir={tmp}", "checkpoint.save_at_end=false",
+                                                   "launch.nproc_per_node=1"]))
+        trainer = build_trainer(run, ctx)
+        try:
+            return trainer.run()
+        finally:
+            trainer.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--save", default=None, help="save this machine's runs (torch.save) here")
@@ -101,6 +127,14 @@ def main() -> None:
         v = report[name]
         print(f"{name:<10}{v['max_dlogp']:>12.2e}{v['mean_dlogp']:>13.2e}{v['loss']:>12.5f}{v['dloss']:>10.2e}"
               f"{v['grad_norm']:>11.4f}{v['max_dW']:>10.2e}")
+    runs = {name: trainer_steps(precision, ctx) for name, precision in
+            ((("cuda fp32", "fp32"), ("cuda bf16", "bf16")) if torch.cuda.is_available() else (("cpu fp32", "fp32"),))}
+    keys = ("rollout/reward", "train/loss", "train/grad_norm", "train/abs_log_ratio")
+    print(f"\nTrainer.run, 2 steps{'':<4}" + "".join(f"{k.split('/')[-1]:>14}" for k in keys))
+    for name, history in runs.items():
+        for step, m in enumerate(history):
+            print(f"{name:<10} step {step:<8}" + "".join(f"{m.get(k, float('nan')):>14.5g}" for k in keys))
+        report[f"trainer {name}"] = history
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 

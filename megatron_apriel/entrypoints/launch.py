@@ -53,6 +53,11 @@ class Component:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
 
+    @staticmethod
+    def run_env(run_dir: str) -> dict:
+        """What every component gets: caches that libraries write on import stay in the run directory."""
+        return {"MPLCONFIGDIR": os.environ.get("MPLCONFIGDIR", str(Path(run_dir) / ".cache" / "matplotlib"))}
+
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
 
@@ -118,6 +123,7 @@ def vllm_args(run: RunConfig) -> list[str]:
 def plan(run: RunConfig) -> list[Component]:
     """The processes a run starts on this machine (servers, actor, trainer), not yet started."""
     logs = Path(run.run_dir) / "logs"
+    env = Component.run_env(run.run_dir)
     out: list[Component] = []
     fleet = run.rollout.source == "fleet"
     if fleet and not run.fleet.servers:
@@ -126,15 +132,15 @@ def plan(run: RunConfig) -> list[Component]:
             port = base + i if base else free_port()
             cmd = serve_command(run.model.hf_path, port, run.fleet.host, vllm_args(run),
                                 register_dir=Path(run.run_dir) / FLEET_DIR)
-            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", run.fleet.max_restarts))
+            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", run.fleet.max_restarts, env))
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *_overrides(run)],
-                             logs / "actor.log", run.fleet.max_restarts))
+                             logs / "actor.log", run.fleet.max_restarts, env))
     port = run.launch.master_port or free_port()
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                      str(run.launch.nproc_per_node), "--master_port", str(port), "-m",
                                      "megatron_apriel.entrypoints.train", *_overrides(run)],
-                         logs / "trainer.log"))
+                         logs / "trainer.log", env=env))
     return out
 
 
@@ -224,7 +230,7 @@ class Launcher:
                 self.rewards.append(m["rollout/reward"])
             bar.update(m["step"] + 1 - bar.n)
             shown = " ".join(f"{k.split('/')[-1]}={m[k]:.4g}" for k in CONSOLE_KEYS if k in m)
-            bar.write(f"step {m['step']:>4} | {shown}", file=sys.stderr)
+            bar.write(f"step {m['step']} | {shown}", file=sys.stderr)
 
     def watch(self) -> int:
         """Until the trainer exits: restart crashed servers/actor, show progress. Trainer's exit code."""

@@ -21,10 +21,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_apriel.data.converters import MATH_SUFFIX
-from megatron_apriel.data.datasets import write_problems
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
+
+# The verifiers' markers and the converters' math instruction, imported lazily: this module's
+# config is part of RunConfig, which must stay light to import (the verifiers pull in sympy,
+# reasoning-gym and matplotlib).
 
 PROBLEMS_FILE = "addition.jsonl"
 _READY = "ready.json"
@@ -51,10 +52,14 @@ class TinyBaseConfig:
 
 
 def answer_text(value: int) -> str:
+    from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
+
     return f"{BEGIN_FINAL}\\boxed{{{value}}}{END_FINAL}"
 
 
 def addition_problems(max_operand: int) -> list[Problem]:
+    from megatron_apriel.data.converters import MATH_SUFFIX
+
     return [Problem(id=f"add-{a}-{b}", domain="math",
                     prompt=[{"role": "user", "content": f"What is {a} + {b}?{MATH_SUFFIX}"}],
                     reference=str(a + b), metadata={"source": "tiny_addition"})
@@ -103,6 +108,8 @@ def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
     out = Path(out_dir)
     if (out / _READY).is_file():
         return out
+    from megatron_apriel.data.datasets import write_problems
+
     problems = addition_problems(cfg.max_operand)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
