@@ -275,8 +275,8 @@ def describe(run: RunConfig, components: list[Component]) -> str:
     from megatron_apriel.convert.mapping import canonical_shapes
     from megatron_apriel.parallel.dims import ParallelDims
 
-    arch = run.model.resolve_arch() if (run.model.hf_path and Path(run.model.hf_path).exists()) or not run.model.hf_path \
-        else None
+    known = run.model.hf_path is None or (Path(run.model.hf_path) / "config.json").is_file()  # tiny base: not built yet
+    arch = run.model.resolve_arch() if known else None
     lines = [f"run_dir: {run.run_dir}"]
     if arch is not None:
         params = sum(_numel(s) for s in canonical_shapes(arch).values())

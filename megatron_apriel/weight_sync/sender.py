@@ -97,6 +97,7 @@ class WeightSender:
         self.connected: Optional[list[Member]] = None
         self.last_version: Optional[int] = None
         self.reconnects = 0
+        """Times the fleet was joined again after the first connection (a server restarted, joined or left)."""
         self._buffers = DoubleBuffer(self.device)
         self._layouts: Optional[list] = None
         """The stage's bucket plan: fixed by the model's structure, so made once."""
@@ -141,8 +142,8 @@ class WeightSender:
         if self.is_coordinator:
             self.control = WeightSyncControl([url for url, _ in change[0]], self.cfg.timeout_s)
         self.connect()
+        self.reconnects += self.last_version is not None  # the first connection is not a reconnection
         self.connected = change[0]
-        self.reconnects += 1
 
     def connect(self) -> None:
         """Join the stage groups (every rank calls; only stage senders join a group)."""

@@ -38,7 +38,7 @@ def test_a_killed_server_is_restarted_and_serves_current_weights(tmp_path):
     assert again.instance != server.instance and again.pid != server.pid
 
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS)) and rows[-1]["sync/reconnects"] >= 2
+    assert [r["step"] for r in rows] == list(range(STEPS)) and rows[-1]["sync/reconnects"] >= 1
     reader, groups = StreamReader(run / "rollouts"), []
     while (g := reader.next_group()) is not None:
         groups.append(g)
