@@ -7,7 +7,10 @@
 Many groups are in flight at once (``actor.max_in_flight``). Admission control
 (``rollout/lag.py``) reads the trainer's published progress and starts a group only if it will be
 trained within ``rollout.max_lag`` versions of the weights it is sampled with, and never lets more
-than ``actor.max_queued_steps`` steps' worth of groups wait ahead of the trainer. The sampler
+than ``actor.max_queued_steps`` steps' worth of groups wait ahead of the trainer. Groups ahead of
+it that the trainer will skip (dropped by the filters) do not count: only those in flight, whose
+fate is unknown, are counted as if they will be trained, so the bound stays exact and the actor
+does not sit idle while most groups are filtered (an easy dataset). The sampler
 counts each finished rollout (a group adds G), as the recipe says. Groups are written as they
 finish (batched per ``flush_interval_s``), each segment with a snapshot of the actor's state, from
 which a restarted actor continues: it regenerates the groups that were in flight.
@@ -22,6 +25,7 @@ baseline).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +39,8 @@ from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_adv
 from megatron_apriel.rollout.client import Completion, FleetClient, FleetUnavailable, SamplingConfig
 from megatron_apriel.rollout.lag import may_admit
 from megatron_apriel.rollout.source import RolloutConfig
-from megatron_apriel.rollout.stream import ActorSnapshot, PendingGroup, StreamWriter, TrainerProgress, read_progress
+from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
+                                            read_progress)
 from megatron_apriel.rollout.types import GroupTimings, Problem, Rollout, RolloutGroup
 from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, SamplerConfig
 
@@ -108,6 +113,8 @@ class Actor:
         self.stream, self.verify, self.metrics, self.members = stream, verify, metrics, members
         self._instances: dict[str, str] = {}
         self._regenerate: list[PendingGroup] = []
+        self._usable_written: collections.deque[int] = collections.deque()
+        """Sequence numbers of written groups the trainer will train (not dropped), not yet read."""
         self._last_members = 0.0
         self.tasks: dict[asyncio.Task, PendingGroup] = {}
         self.finished: list[RolloutGroup] = []
@@ -128,6 +135,11 @@ class Actor:
         snap = self.stream.last_snapshot()
         if snap is None:
             return []
+        progress = read_progress(self.stream.root)
+        reader = StreamReader(self.stream.root, cursor=progress.cursor if progress else 0)
+        while (group := reader.next_group()) is not None:  # written, not yet trained: admission counts them
+            if group.dropped is None:
+                self._usable_written.append(group.seq)
         self.sampler.load_state_dict(snap.sampler)
         self.order.load_state_dict(snap.order)
         log.info("resumed at group %d (%d in flight regenerated)", snap.next_seq, len(snap.in_flight))
@@ -153,19 +165,27 @@ class Actor:
     def _start(self, pending: PendingGroup) -> None:
         self.tasks[asyncio.create_task(self._group(pending))] = pending
 
+    def _queued(self) -> int:
+        """Groups ahead of a new one that the trainer will train (or may: those in flight)."""
+        while self._usable_written and self._usable_written[0] < self.progress.cursor:
+            self._usable_written.popleft()
+        return len(self._usable_written) + sum(g.dropped is None for g in self.finished) + len(self.tasks)
+
     def _admit(self) -> None:
         if self.progress is None:
             return
         while self._regenerate:  # admitted before a restart: they go first, whatever the bound
             self._start(self._regenerate.pop(0))
-        queued = self.stream.next_seq + len(self.finished) - self.progress.cursor + len(self.tasks)
+        queued = self._queued()
         max_queued = self.cfg.max_queued_steps * self.rollout.groups_per_step
+        oldest = min((p.admitted_version for p in self.tasks.values()), default=None)
         while len(self.tasks) < self.cfg.max_in_flight and may_admit(
-                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued):
+                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued, oldest):
             problem = self.order.next(self.sampler.sample())
             self._start(PendingGroup(problem_id=problem.id, domain=problem.domain,
                                      admitted_version=self.progress.version))
             queued += 1
+            oldest = self.progress.version if oldest is None else oldest
 
     def _collect(self, done: set[asyncio.Task]) -> None:
         for task in done:
@@ -188,7 +208,8 @@ class Actor:
         trainer_waits = self.progress is not None and self.progress.cursor >= self.stream.next_seq
         due = time.monotonic() - self._last_flush >= self.cfg.flush_interval_s
         if self.finished and (force or due or trainer_waits or not self.tasks):
-            self.stream.append(self.finished, self.snapshot())
+            written = self.stream.append(self.finished, self.snapshot())
+            self._usable_written.extend(g.seq for g in written if g.dropped is None)
             self.finished = []
             self._last_flush = time.monotonic()
 

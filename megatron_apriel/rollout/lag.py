@@ -4,13 +4,17 @@ Versions count optimizer steps: the weights after k steps are version k, and ste
 version k. A group whose oldest token was sampled by version v and that is trained at step k has
 lag ``k - v``; ``max_lag`` bounds it (0: synchronous, on-policy RL).
 
-The actor cannot know when a group will be trained, only an upper bound: the trainer reads
-``groups_per_step`` usable groups per step in stream order, so the group that is ``p``-th in line
-(groups written but not yet read, plus groups in flight) will be trained no later than step
-``step + (filled + p) // groups_per_step`` (groups dropped by filters only make it earlier). It
-will be sampled by weights no older than the version the trainer has published. Admitting it
-only if that bound minus that version is at most ``max_lag`` therefore keeps every group within
-the bound, and stops the actor at the bound while the trainer is down.
+The actor cannot know when a group will be trained, only bound it. The trainer reads
+``groups_per_step`` usable groups per step in stream order, and groups enter the stream in the
+order they *finish*: a group written but not yet read keeps its place, but one still in flight can
+be overtaken by every group admitted after it. So once a new group is admitted, each group in
+flight (the new one included) may end up last in line, at position ``p`` = the written, unread
+groups the trainer will train, plus all in flight; it is then trained no later than step
+``step + (filled + p) // groups_per_step``. Each was sampled by weights no older than the version
+published when it was admitted. The actor therefore admits a group only if that step minus the
+oldest admitted version in flight (or the published version) is at most ``max_lag``. By
+induction every group is trained within the bound; the actor stops at it while the trainer is
+down. Groups the trainer will skip (dropped by the filters, known once written) are not counted.
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ def predicted_step(progress: TrainerProgress, position: int, groups_per_step: in
 
 
 def may_admit(progress: TrainerProgress, queued: int, groups_per_step: int, max_lag: Optional[int],
-              max_queued: int) -> bool:
-    """Whether one more group may be started when ``queued`` groups are ahead of it (written but
-    not read by the trainer, or in flight). ``max_lag=None`` puts no bound on the lag (the recipe's
-    setting); ``max_queued`` always caps the queue, so a stopped trainer never lets the stream grow
-    without end."""
+              max_queued: int, oldest_in_flight: Optional[int] = None) -> bool:
+    """Whether one more group may be started when ``queued`` groups are ahead of it (written and
+    still to be trained, or in flight) and the oldest group in flight was admitted at version
+    ``oldest_in_flight``. ``max_lag=None`` puts no bound on the lag (the recipe's setting);
+    ``max_queued`` always caps the queue, so a stopped trainer never lets the stream grow without
+    end."""
     if queued >= max_queued:
         return False
     if max_lag is None:
         return True
-    return predicted_step(progress, queued, groups_per_step) - progress.version <= max_lag
+    oldest = progress.version if oldest_in_flight is None else min(progress.version, oldest_in_flight)
+    return predicted_step(progress, queued, groups_per_step) - oldest <= max_lag
 
 
 def group_lag(step: int, min_version: int) -> int:

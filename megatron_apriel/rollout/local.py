@@ -74,7 +74,7 @@ class LocalRolloutSource:
     def weights_updated(self, version: int) -> None:
         """Nothing to do: it samples from the trainer's own weights."""
 
-    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
+    def next_batch(self, step: int, idle=None) -> tuple[list[TrainSample], dict[str, float]]:
         """This DP rank's samples for ``step`` and the step's rollout metrics (over all ranks)."""
         was_training = self.model.training
         self.model.eval()

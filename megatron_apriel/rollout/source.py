@@ -1,14 +1,16 @@
 """Where the trainer's rollouts come from: the `RolloutSource` protocol and the stream source.
 
     source = StreamSource(run_dir / "rollouts", cfg.rollout, ctx, domain_targets)
-    samples, metrics = source.next_batch(step)     # every rank: this DP rank's samples
+    samples, metrics = source.next_batch(step, idle)   # every rank: this DP rank's samples
     ...                                            # train, push weights as version step + 1
     source.weights_updated(step + 1)
 
 `StreamSource` reads the durable stream (written by the actor) on the first rank: it takes groups
 in sequence order, skips those the actor dropped (zero advantage, verifier error) and those
 older than ``max_lag``, until it holds ``groups_per_step`` usable groups; it publishes its
-progress for the actor's admission control while it waits. It then sends every rank the plan
+progress for the actor's admission control while it waits. All ranks poll together (a small
+broadcast per poll), so that the trainer can act on every rank while it waits (``idle``: bring a
+restarted server up to date). Once the step is full rank 0 sends every rank the plan
 (which rollouts each DP rank trains, balanced by tokens, and the step's rollout metrics), and
 each rank loads its own rollouts from the segment files. The cursor is the source's state: it
 is saved in the trainer's checkpoints, so a resumed run reads exactly the groups that follow.
@@ -20,7 +22,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from megatron_apriel.parallel.collectives import broadcast_object
 from megatron_apriel.rollout.lag import group_lag
@@ -68,8 +70,9 @@ class RolloutConfig:
 
 
 class RolloutSource(Protocol):
-    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
-        """This DP rank's samples for ``step`` and the step's rollout metrics (same on every rank)."""
+    def next_batch(self, step: int, idle: Optional[Callable[[], None]] = None) -> tuple[list[TrainSample], dict]:
+        """This DP rank's samples for ``step`` and the step's rollout metrics (same on every rank);
+        ``idle()`` is called on every rank together while the step waits for rollouts."""
 
     def weights_updated(self, version: int) -> None:
         """The fleet has been sent the weights of ``version`` (called on every rank)."""
@@ -77,6 +80,17 @@ class RolloutSource(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class _Filling:
+    """What rank 0 has read so far for one step."""
+
+    step: int
+    taken: list = field(default_factory=list)  # (segment first seq, group) of the usable groups
+    read: list = field(default_factory=list)  # every group read, dropped and stale ones included
+    skipped: Counter = field(default_factory=Counter)
+    lags: list = field(default_factory=list)
 
 
 @dataclass
@@ -92,15 +106,15 @@ class StepPlan:
 
 
 class StreamSource:
-    def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float],
-                 poll_s: float = 0.05, timeout_s: Optional[float] = None):
+    def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float], poll_s: float = 0.05):
         if cfg.groups_per_step * cfg.group_size < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step x group_size = {cfg.groups_per_step * cfg.group_size} samples "
                              f"per step < dp={ctx.dims.dp}: every data-parallel rank needs at least one.")
         self.root, self.cfg, self.ctx = Path(root), cfg, ctx
         total = sum(targets.values())
         self.targets = {d: w / total for d, w in targets.items()}
-        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.poll_s = poll_s
+        self._filling: Optional[_Filling] = None
         self.reader = StreamReader(self.root)  # read on rank 0 only
         self.cursor = 0
         self.version = 0
@@ -130,37 +144,45 @@ class StreamSource:
         self._publish(step=version, filled=0)
 
     # -- one step ------------------------------------------------------------------------------
-    def _select(self, step: int) -> StepPlan:
-        """Rank 0: read groups until ``groups_per_step`` usable ones; plan and metrics."""
-        taken: list[tuple[int, RolloutGroup]] = []
-        read: list[RolloutGroup] = []
-        skipped: Counter = Counter()
-        lags: list[int] = []
-        self._publish(step, 0)
-        while len(taken) < self.cfg.groups_per_step:
-            group = self.reader.wait_group(self.poll_s, self.timeout_s, on_wait=lambda: self._publish(step, len(taken)))
-            read.append(group)
+    def _poll(self, step: int) -> Optional[StepPlan]:
+        """Rank 0: read what the stream holds now; the step's plan once it has enough usable groups."""
+        st = self._filling if self._filling is not None and self._filling.step == step else _Filling(step)
+        self._filling = st
+        while len(st.taken) < self.cfg.groups_per_step and (group := self.reader.next_group()) is not None:
+            st.read.append(group)
             lag = group_lag(step, group.min_version)
             if group.dropped:
-                skipped["filtered" if group.dropped == "zero_advantage" else group.dropped] += 1
+                st.skipped["filtered" if group.dropped == "zero_advantage" else group.dropped] += 1
             elif self.cfg.max_lag is not None and lag > self.cfg.max_lag:
-                skipped["stale"] += 1
+                st.skipped["stale"] += 1
             else:
-                lags.append(lag)
-                taken.append((self.reader.segment_first, group))
+                st.lags.append(lag)
+                st.taken.append((self.reader.segment_first, group))
+        if len(st.taken) < self.cfg.groups_per_step:
+            self._publish(step, len(st.taken))  # the actor may admit what this step still needs
+            return None
+        self._filling = None
         self._publish(step + 1, 0)  # this step is full: the next group goes to the next step
         now = time.monotonic()
-        metrics = self._metrics(read, [g for _, g in taken], skipped, lags, now - self._last_read)
+        metrics = self._metrics(st.read, [g for _, g in st.taken], st.skipped, st.lags, now - self._last_read)
         metrics["rollout/cursor"] = float(self.reader.cursor)  # the step read groups [previous cursor, this)
         self._last_read = now
         items = [(first, g.seq, i, len(g.prompt_ids) + r.length)
-                 for first, g in taken for i, r in enumerate(g.rollouts)]
+                 for first, g in st.taken for i, r in enumerate(g.rollouts)]
         parts = balance_by_tokens([n for *_, n in items], self.ctx.dims.dp)
         return StepPlan(cursor=self.reader.cursor, rollouts=[[items[i][:3] for i in part] for part in parts],
-                        metrics=metrics, domains=dict(Counter(g.domain for _, g in taken)))
+                        metrics=metrics, domains=dict(Counter(g.domain for _, g in st.taken)))
 
-    def next_batch(self, step: int) -> tuple[list[TrainSample], dict[str, float]]:
-        plan = broadcast_object(self._select(step) if self.ctx.rank == 0 else None)
+    def next_batch(self, step: int, idle: Optional[Callable[[], None]] = None) -> tuple[list[TrainSample], dict]:
+        """Every rank polls together until the step is full; ``idle()`` runs on every rank between
+        polls (it may issue collectives: the trainer uses it to bring a restarted server up to date,
+        without which the actor could never finish the step)."""
+        delay = self.poll_s
+        while (plan := broadcast_object(self._poll(step) if self.ctx.rank == 0 else None)) is None:
+            if idle is not None:
+                idle()
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
         self.cursor = plan.cursor
         samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step)
         self.consumed.update(plan.domains)

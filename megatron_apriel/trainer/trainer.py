@@ -103,6 +103,12 @@ class Trainer:
                 "sync/MB": report.nbytes / 1e6, "sync/accepted": float(report.accepted),
                 "sync/reconnects": float(self.sender.reconnects)}
 
+    def keep_fleet_current(self) -> None:
+        """While waiting for rollouts: a server that restarted gets the current weights now, not
+        after the step (the actor sends it nothing before, and the step may need its rollouts)."""
+        if self.sender is not None and self.sender.refresh() is not None:
+            log.warning("fleet changed while waiting for rollouts: sent it the weights of version %d", self.step)
+
     def _checkpoint_due(self, stop: bool) -> bool:
         every, last = self.cfg.checkpoint.save_every, self.step == self.cfg.trainer.steps
         return stop or bool(every and self.step % every == 0) or (last and self.cfg.checkpoint.save_at_end)
@@ -117,7 +123,7 @@ class Trainer:
             self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
         while self.step < self.cfg.trainer.steps:
             t0 = time.perf_counter()
-            samples, metrics = self.source.next_batch(self.step)
+            samples, metrics = self.source.next_batch(self.step, idle=self.keep_fleet_current)
             t1 = time.perf_counter()
             metrics.update(self.train_once(samples))
             t2 = time.perf_counter()

@@ -97,6 +97,7 @@ class WeightSender:
         self.connected: Optional[list[Member]] = None
         self.last_version: Optional[int] = None
         self.reconnects = 0
+        self._last_check = 0.0
         """Times the fleet was joined again after the first connection (a server restarted, joined or left)."""
         self._buffers = DoubleBuffer(self.device)
         self._layouts: Optional[list] = None
@@ -132,18 +133,36 @@ class WeightSender:
             return live
         return None
 
-    def ensure_connected(self) -> None:
-        """(Re)join the stage groups if the fleet changed (every rank calls)."""
+    def ensure_connected(self) -> bool:
+        """(Re)join the stage groups if the fleet changed (every rank calls); True if it did."""
         change = [self._fleet_changed() if self.is_coordinator else None]
         dist.broadcast_object_list(change, src=0)
         if change[0] is None:
-            return
+            return False
+        self._reconnect(change[0])
+        return True
+
+    def refresh(self, every_s: float = 2.0) -> Optional[SyncReport]:
+        """Between pushes (every rank calls; the trainer does while it waits for rollouts): if the
+        fleet changed since the last push, reconnect and send the weights of the last push again,
+        under its version, so a restarted server can serve before the next step ends. The fleet
+        is checked at most every ``every_s`` seconds; returns the push's report, or None."""
+        due = [self.is_coordinator and time.monotonic() - self._last_check >= every_s]
+        dist.broadcast_object_list(due, src=0)
+        if not due[0] or self.last_version is None:
+            return None
+        self._last_check = time.monotonic()
+        if not self.ensure_connected():
+            return None
+        return self.push(self.last_version, check_fleet=False)
+
+    def _reconnect(self, members: list[Member]) -> None:
         self.close()
         if self.is_coordinator:
-            self.control = WeightSyncControl([url for url, _ in change[0]], self.cfg.timeout_s)
+            self.control = WeightSyncControl([url for url, _ in members], self.cfg.timeout_s)
         self.connect()
         self.reconnects += self.last_version is not None  # the first connection is not a reconnection
-        self.connected = change[0]
+        self.connected = members
 
     def connect(self) -> None:
         """Join the stage groups (every rank calls; only stage senders join a group)."""
@@ -178,10 +197,12 @@ class WeightSender:
         send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)
         return plan.nbytes, len(layouts)
 
-    def push(self, version: int) -> SyncReport:
+    def push(self, version: int, check_fleet: bool = True) -> SyncReport:
         """Send this step's weights as ``version``; returns the (coordinator's) report on every rank."""
         t0 = time.perf_counter()
-        self.ensure_connected()
+        if check_fleet:
+            self.ensure_connected()
+        self._last_check = time.monotonic()
         if self.is_coordinator:
             self.control.start()
         nbytes = nbuckets = 0

@@ -30,7 +30,7 @@ def test_predicted_step_counts_what_is_ahead():
     assert predicted_step(progress(step=5, filled=3), position=1, groups_per_step=4) == 6
 
 
-def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=(1, 6), in_flight=6):
+def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=(1, 6), in_flight=12):
     """A discrete-time actor/trainer pair following the real protocol; returns the lag of every
     trained group. Groups finish out of order and some are dropped by the filters."""
     rng = random.Random(seed)
@@ -42,8 +42,14 @@ def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=
         for r in [r for r in running if r[0] <= tick]:
             running.remove(r)
             stream.append((r[1], rng.random() < drop_rate))
-        while len(running) < in_flight and may_admit(prog, len(stream) - cursor + len(running), gps, max_lag, 10 * gps):
+        # ahead of a new group: written groups the trainer will train (the dropped ones it skips do
+        # not count, as in the actor) and every group in flight
+        queued = sum(not dropped for _, dropped in stream[prog.cursor:]) + len(running)
+        oldest = min((r[1] for r in running), default=None)
+        while len(running) < in_flight and may_admit(prog, queued, gps, max_lag, 10 * gps, oldest):
             running.append([tick + rng.randint(*gen_ticks), prog.version])  # sampled at >= the published version
+            queued += 1
+            oldest = prog.version if oldest is None else oldest
         if tick < busy_until:
             continue
         if filled == gps:  # the step was trained: push, publish the new version
@@ -51,8 +57,9 @@ def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=
         while filled < gps and cursor < len(stream):
             v, dropped = stream[cursor]
             cursor += 1
-            if dropped or (max_lag is not None and step - v > max_lag):
+            if dropped:
                 continue
+            assert max_lag is None or step - v <= max_lag, "admission let a group grow too old"
             lags.append(step - v)
             filled += 1
         if filled == gps:
@@ -63,10 +70,11 @@ def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=
     return lags
 
 
+@pytest.mark.parametrize("drop_rate", [0.3, 0.8])
 @pytest.mark.parametrize("max_lag", [0, 1, 3])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_simulated_run_never_exceeds_the_bound_and_uses_it(max_lag, seed):
-    lags = simulate(max_lag, gps=4, steps=60, seed=seed)
+def test_simulated_run_never_exceeds_the_bound_and_uses_it(max_lag, seed, drop_rate):
+    lags = simulate(max_lag, gps=4, steps=60, seed=seed, drop_rate=drop_rate)
     assert len(lags) >= 4 * 59 and max(lags) <= max_lag
     if max_lag:
-        assert max(lags) == max_lag  # the bound is not just safe but reached: generation overlaps training
+        assert max(lags) > 0  # not just safe: generation runs ahead of training (overlaps it)
