@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -40,6 +41,9 @@ class TrainerConfig:
     micro_batch_size: int = 1
     """Rows per micro-batch when packing is off."""
     log_every: int = 1
+    inject_nan_at_step: Optional[int] = None
+    """Fault injection for tests: poison one behaviour log-prob of this step's batch, so its loss
+    is NaN (the run must stop, naming the step and groups, and keep its last good checkpoint)."""
 
     def __post_init__(self) -> None:
         if min(self.steps, self.seq_len, self.micro_batch_size, self.log_every) < 1:

@@ -60,7 +60,7 @@ async def _run_actor(run: RunConfig) -> None:
     pools = load_pools(run)
     urls = fleet_urls(run.fleet, run.run_dir)
     client = FleetClient(urls, max_attempts=run.fleet.request_attempts, cooldown_s=run.fleet.cooldown_s,
-                         timeout_s=run.fleet.request_timeout_s)
+                         timeout_s=run.fleet.request_timeout_s, stall_timeout_s=run.fleet.stall_timeout_s)
     pool = make_verifier_pool(run.actor.verifier_workers)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

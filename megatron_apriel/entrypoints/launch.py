@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,12 +76,20 @@ class Component:
             pass  # it exited between the poll and the signal
 
     def tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        """The exceptions the log reports (what failed, each once), then its last lines."""
+        text = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        errors = [line for line in text if _EXCEPTION.match(line) and "ChildFailedError" not in line]
+        unique = list(dict.fromkeys(errors))[-3:]
+        head = ["errors reported:", *(f"  {e}" for e in unique), "last lines:"] if unique else []
+        return "\n".join(head + text[-lines:])
 
 
 class LaunchError(RuntimeError):
     pass
+
+
+_EXCEPTION = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
+"""A Python traceback's last line (``pkg.mod.SomeError: message``)."""
 
 
 def _die_with_parent() -> None:
@@ -183,7 +192,9 @@ class Launcher:
 
     def start_fleet(self) -> None:
         from megatron_apriel.rollout.fleet import registered
+        from megatron_apriel.rollout.stream import clear_progress
 
+        clear_progress(Path(self.run.run_dir) / "rollouts")  # a previous trainer's: the actor waits for the new one
         fleet_dir = Path(self.run.run_dir) / FLEET_DIR
         for stale in fleet_dir.glob("*.json"):  # registrations of an earlier launch
             stale.unlink()
@@ -252,6 +263,13 @@ class Launcher:
     def stop_all(self) -> None:
         for c in reversed(self.components):  # trainer first: it may be sending weights to the servers
             c.stop()
+
+
+def _checkpointed_step(run: RunConfig) -> Optional[int]:
+    from megatron_apriel.trainer.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(Path(run.run_dir) / "checkpoints")
+    return None if latest is None else json.loads((latest / "state.json").read_text())["step"]
 
 
 def export_hf(run: RunConfig) -> Optional[Path]:
@@ -333,7 +351,8 @@ def launch(run: RunConfig, raw: DictConfig) -> int:
         for c in components:
             if not c.name.startswith("server_"):
                 c.start()
-        _say(f"actor and {run.launch.nproc_per_node} trainer rank(s) started; logs in {run.run_dir}/logs, "
+        started = "actor and " if "actor" in launcher.by_name else ""
+        _say(f"{started}{run.launch.nproc_per_node} trainer rank(s) started; logs in {run.run_dir}/logs, "
              f"TensorBoard: tensorboard --logdir {run.run_dir}/tensorboard")
         code = launcher.watch()
     except LaunchError as err:
@@ -348,6 +367,11 @@ def launch(run: RunConfig, raw: DictConfig) -> int:
         _say(f"trainer failed (exit code {code}); last lines of {launcher.trainer.log_path}:\n"
              f"{launcher.trainer.tail()}")
         return code
+    done = _checkpointed_step(run)
+    if done is not None and done < run.trainer.steps:
+        _say(f"the trainer stopped at step {done} of {run.trainer.steps} (stop signal) and saved it; run the same "
+             "command again to resume")
+        return 0
     if run.launch.export_hf:
         out = export_hf(run)
         if out is not None:

@@ -52,7 +52,17 @@ def _stream_source(run: RunConfig, ctx, parts):
     return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix)
 
 
-ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source}
+def _replay_source(run: RunConfig, ctx, parts):
+    from megatron_apriel.rollout.source import StreamSource
+    from megatron_apriel.rollout.stream import list_segments
+
+    if not list_segments(Path(run.rollout.replay_from)):
+        raise ValueError(f"rollout.replay_from={run.rollout.replay_from} holds no rollout segments: give an earlier "
+                         "run's rollouts/ directory.")
+    return StreamSource(run.rollout.replay_from, run.rollout, ctx, run.actor.sampler.mix, publish=False)
+
+
+ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source, "replay": _replay_source}
 """``rollout.source`` -> builder of the trainer's `RolloutSource`."""
 
 

@@ -56,7 +56,8 @@ class ActorConfig:
     max_in_flight: int = 256
     """Groups being generated or verified at once (each asks the fleet for G sequences)."""
     max_queued_steps: int = 4
-    """At most this many steps' worth of groups wait ahead of the trainer, whatever max_lag."""
+    """At most this many steps' worth of groups (groups_per_step each, filtered ones included) wait
+    ahead of the trainer, whatever max_lag: the stream stops growing while the trainer is down."""
     verifier_workers: int = 4
     """Processes that run the verifiers (the code sandbox and math-verify's timers need processes)."""
     top_p: float = 1.0
@@ -115,6 +116,7 @@ class Actor:
         self._regenerate: list[PendingGroup] = []
         self._usable_written: collections.deque[int] = collections.deque()
         """Sequence numbers of written groups the trainer will train (not dropped), not yet read."""
+        self._scan_backlog = False
         self._last_members = 0.0
         self.tasks: dict[asyncio.Task, PendingGroup] = {}
         self.finished: list[RolloutGroup] = []
@@ -135,11 +137,7 @@ class Actor:
         snap = self.stream.last_snapshot()
         if snap is None:
             return []
-        progress = read_progress(self.stream.root)
-        reader = StreamReader(self.stream.root, cursor=progress.cursor if progress else 0)
-        while (group := reader.next_group()) is not None:  # written, not yet trained: admission counts them
-            if group.dropped is None:
-                self._usable_written.append(group.seq)
+        self._scan_backlog = True  # once the trainer's cursor is known: which written groups it will train
         self.sampler.load_state_dict(snap.sampler)
         self.order.load_state_dict(snap.order)
         log.info("resumed at group %d (%d in flight regenerated)", snap.next_seq, len(snap.in_flight))
@@ -165,26 +163,30 @@ class Actor:
     def _start(self, pending: PendingGroup) -> None:
         self.tasks[asyncio.create_task(self._group(pending))] = pending
 
-    def _queued(self) -> int:
-        """Groups ahead of a new one that the trainer will train (or may: those in flight)."""
+    def _queued(self) -> tuple[int, int]:
+        """Groups ahead of a new one that the trainer will train (or may: those in flight), and the
+        whole backlog (dropped groups included)."""
         while self._usable_written and self._usable_written[0] < self.progress.cursor:
             self._usable_written.popleft()
-        return len(self._usable_written) + sum(g.dropped is None for g in self.finished) + len(self.tasks)
+        usable = len(self._usable_written) + sum(g.dropped is None for g in self.finished) + len(self.tasks)
+        backlog = self.stream.next_seq - self.progress.cursor + len(self.finished) + len(self.tasks)
+        return usable, backlog
 
     def _admit(self) -> None:
         if self.progress is None:
             return
-        while self._regenerate:  # admitted before a restart: they go first, whatever the bound
-            self._start(self._regenerate.pop(0))
-        queued = self._queued()
+        while self._regenerate:  # admitted before a restart: they go first, whatever the bound, sampled now
+            self._start(self._regenerate.pop(0).model_copy(update={"admitted_version": self.progress.version}))
+        queued, backlog = self._queued()
         max_queued = self.cfg.max_queued_steps * self.rollout.groups_per_step
         oldest = min((p.admitted_version for p in self.tasks.values()), default=None)
         while len(self.tasks) < self.cfg.max_in_flight and may_admit(
-                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued, oldest):
+                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued, oldest,
+                backlog):
             problem = self.order.next(self.sampler.sample())
             self._start(PendingGroup(problem_id=problem.id, domain=problem.domain,
                                      admitted_version=self.progress.version))
-            queued += 1
+            queued, backlog = queued + 1, backlog + 1
             oldest = self.progress.version if oldest is None else oldest
 
     def _collect(self, done: set[asyncio.Task]) -> None:
@@ -218,6 +220,12 @@ class Actor:
         if progress is not None:
             self.progress = progress
             self.client.required_version = progress.version
+            if self._scan_backlog:
+                self._scan_backlog = False
+                reader = StreamReader(self.stream.root, cursor=progress.cursor)  # at most the backlog cap
+                while (group := reader.next_group()) is not None:
+                    if group.dropped is None:
+                        self._usable_written.append(group.seq)
 
     def _refresh_members(self, every_s: float = 2.0) -> None:
         if self.members is None or time.monotonic() - self._last_members < every_s:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import httpx
@@ -95,6 +96,11 @@ class _Server:
     failures: int = 0
     version: Optional[int] = None
     """Newest weight version known to be served (None: unknown)."""
+    requests: set = field(default_factory=set)
+    """This client's requests in flight there (asyncio tasks), for the stall watchdog."""
+    tokens: Optional[float] = None
+    progress_at: float = 0.0
+    """When its generated-token counter last moved (or it last got work)."""
 
 
 def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -> Completion:
@@ -108,9 +114,16 @@ def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -
                       finish_reason=choice.get("finish_reason") or "", versions=spans, server=server, attempts=attempts)
 
 
+_TOKENS = re.compile(r"^vllm:generation_tokens_total(\{[^}]*\})?\s+([0-9.eE+]+)$", re.MULTILINE)
+
+
 class FleetClient:
     def __init__(self, servers: list[str], max_attempts: int = 8, cooldown_s: float = 2.0, timeout_s: float = 3600.0,
-                 max_connections: int = 512, transport: Optional[httpx.AsyncBaseTransport] = None):
+                 max_connections: int = 512, transport: Optional[httpx.AsyncBaseTransport] = None,
+                 stall_timeout_s: Optional[float] = None):
+        """``stall_timeout_s``: a server with requests in flight whose generated-token counter
+        (``/metrics``) does not move for this long is treated as failed: its requests are sent
+        again elsewhere (or to it, once it answers again). None: no watchdog."""
         if not servers:
             raise ValueError("FleetClient needs at least one server URL.")
         self.servers = [_Server(s.rstrip("/")) for s in servers]
@@ -122,6 +135,10 @@ class FleetClient:
         self.required_version: Optional[int] = None
         """None: no gate. Else servers not known to serve at least this version take no request
         (see the module docstring); a server on its start-up weights never counts as current."""
+        self.stall_timeout_s = stall_timeout_s
+        self.stalls = 0
+        self._stalled: set = set()
+        self._watchdog: Optional[asyncio.Task] = None
 
     def add_server(self, url: str) -> None:
         if url.rstrip("/") not in {s.url for s in self.servers}:
@@ -134,7 +151,40 @@ class FleetClient:
                 s.version = None
 
     async def aclose(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         await self._http.aclose()
+
+    async def _generated_tokens(self, server: _Server) -> Optional[float]:
+        try:
+            response = await self._http.get(server.url + "/metrics", timeout=5.0)
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        return sum(float(m.group(2)) for m in _TOKENS.finditer(response.text))
+
+    async def _watch(self) -> None:
+        """Cancel the requests of servers that stopped producing tokens (see ``stall_timeout_s``)."""
+        period = max(0.05, min(5.0, self.stall_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for server in self.servers:
+                if not server.requests:
+                    server.tokens = None
+                    continue
+                tokens = await self._generated_tokens(server)
+                if tokens is not None and tokens != server.tokens:
+                    server.tokens, server.progress_at = tokens, now
+                elif now - server.progress_at > self.stall_timeout_s:
+                    log.warning("%s produced no token for %.0fs with %d requests in flight: treating it as failed",
+                                server.url, now - server.progress_at, len(server.requests))
+                    self.stalls += 1
+                    self._stalled |= server.requests
+                    for request in server.requests:
+                        request.cancel()
 
     def in_flight(self) -> dict[str, int]:
         return {s.url: s.in_flight for s in self.servers}
@@ -182,8 +232,14 @@ class FleetClient:
             if wait > 0:
                 await asyncio.sleep(wait)
             server.in_flight += 1
+            if self.stall_timeout_s is not None and self._watchdog is None:
+                self._watchdog = asyncio.create_task(self._watch())
+            if not server.requests:
+                server.progress_at = time.monotonic()
+            request = asyncio.ensure_future(self._once(server, prompt_token_ids, sampling, n, attempt))
+            server.requests.add(request)
             try:
-                out = await self._once(server, prompt_token_ids, sampling, n, attempt)
+                out = await _stall_is_failure(request, self._stalled)
             except (httpx.TransportError, _Retryable) as err:
                 server.failures += 1
                 server.down_until = time.monotonic() + self.cooldown_s
@@ -193,6 +249,8 @@ class FleetClient:
                 continue
             finally:
                 server.in_flight -= 1
+                server.requests.discard(request)
+                self._stalled.discard(request)
             seen = [c.last_version for c in out if c.versions]
             if seen:
                 server.version = max(server.version or 0, max(seen))
@@ -223,6 +281,17 @@ class FleetClient:
 
 class _Retryable(RuntimeError):
     """A failure of the server, not of the request: send it again."""
+
+
+async def _stall_is_failure(request: asyncio.Future, stalled: set):
+    """``await request``, where a cancellation by the stall watchdog is a server failure (retried),
+    while a cancellation of the caller still cancels it."""
+    try:
+        return await request
+    except asyncio.CancelledError:
+        if request in stalled:
+            raise _Retryable("the server stopped producing tokens (stalled)") from None
+        raise
 
 
 __all__ = ["Completion", "FleetClient", "FleetUnavailable", "SamplingConfig", "VersionSpan"]

@@ -54,6 +54,9 @@ class FleetConfig:
     cooldown_s: float = 2.0
     """A server that failed gets no request for this long."""
     request_timeout_s: float = 3600.0
+    stall_timeout_s: Optional[float] = 300.0
+    """A server with requests in flight that produces no token for this long (its /metrics counter)
+    is treated as failed and its requests go elsewhere; null: never (weight updates pause it briefly)."""
 
     def __post_init__(self) -> None:
         if self.num_servers < 1 and not self.servers:
@@ -62,6 +65,8 @@ class FleetConfig:
             raise ValueError(f"fleet.port={self.port} is not a port; 0 picks free ones.")
         if min(self.startup_timeout_s, self.cooldown_s, self.request_timeout_s) <= 0 or self.request_attempts < 1:
             raise ValueError("fleet timeouts and cooldown_s must be > 0 and request_attempts >= 1.")
+        if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
+            raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
         if self.max_restarts < 0:
             raise ValueError("fleet.max_restarts must be >= 0.")
 

@@ -14,7 +14,9 @@ groups the trainer will train, plus all in flight; it is then trained no later t
 published when it was admitted. The actor therefore admits a group only if that step minus the
 oldest admitted version in flight (or the published version) is at most ``max_lag``. By
 induction every group is trained within the bound; the actor stops at it while the trainer is
-down. Groups the trainer will skip (dropped by the filters, known once written) are not counted.
+down. Groups the trainer will skip (dropped by the filters, known once written) are not counted
+there; the backlog cap counts every group, so a stopped trainer stops the actor even when the
+filters drop everything.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ def predicted_step(progress: TrainerProgress, position: int, groups_per_step: in
 
 
 def may_admit(progress: TrainerProgress, queued: int, groups_per_step: int, max_lag: Optional[int],
-              max_queued: int, oldest_in_flight: Optional[int] = None) -> bool:
+              max_queued: int, oldest_in_flight: Optional[int] = None, backlog: Optional[int] = None) -> bool:
     """Whether one more group may be started when ``queued`` groups are ahead of it (written and
     still to be trained, or in flight) and the oldest group in flight was admitted at version
-    ``oldest_in_flight``. ``max_lag=None`` puts no bound on the lag (the recipe's setting);
-    ``max_queued`` always caps the queue, so a stopped trainer never lets the stream grow without
-    end."""
-    if queued >= max_queued:
+    ``oldest_in_flight``. ``max_lag=None`` puts no bound on the lag (the recipe's setting).
+    ``max_queued`` always caps the ``backlog`` (every group written and not yet read, dropped ones
+    included, plus those in flight; ``queued`` if not given), so a stopped trainer never lets the
+    stream grow without end."""
+    if (queued if backlog is None else backlog) >= max_queued:
         return False
     if max_lag is None:
         return True

@@ -89,7 +89,8 @@ class LocalRolloutSource:
             if self.rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, self.rewards.zero_advantage_tol):
                 continue
             kept += 1
-            samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a)) for t, lp, a in zip(tokens, logps, adv)]
+            samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a), group=index)
+                        for t, lp, a in zip(tokens, logps, adv)]
         self.model.train(was_training)
         totals = torch.tensor([sum(rewards), len(rewards), kept], dtype=torch.float64, device=self.ctx.device)
         if self.ctx.dims.dp > 1:

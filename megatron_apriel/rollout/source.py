@@ -29,7 +29,7 @@ from megatron_apriel.rollout.lag import group_lag
 from megatron_apriel.rollout.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
 from megatron_apriel.rollout.types import RolloutGroup, TrainSample, balance_by_tokens
 
-SOURCES = ("local", "fleet")
+SOURCES = ("local", "fleet", "replay")
 
 
 @dataclass
@@ -48,7 +48,11 @@ class LocalRolloutConfig:
 class RolloutConfig:
     source: str = "fleet"
     """fleet: the actor's groups from vLLM, through the durable stream (the recipe); local: the
-    trainer samples from its own model with a toy reward (fast unit tests, no vLLM)."""
+    trainer samples from its own model with a toy reward (fast unit tests, no vLLM); replay: train
+    again on a recorded stream (``replay_from``), read-only, with no fleet (ablations, audits,
+    the exact-resume tests)."""
+    replay_from: Optional[str] = None
+    """source=replay: the rollouts/ directory of an earlier run."""
     group_size: int = 8
     """G: completions per prompt (advantages compare a group's rollouts)."""
     groups_per_step: int = 128
@@ -67,6 +71,8 @@ class RolloutConfig:
             raise ValueError("rollout.groups_per_step must be >= 1.")
         if self.max_lag is not None and self.max_lag < 0:
             raise ValueError(f"rollout.max_lag={self.max_lag}: use 0 (synchronous), a positive bound or null.")
+        if (self.source == "replay") != (self.replay_from is not None):
+            raise ValueError("rollout.source=replay and rollout.replay_from=RUN_DIR/rollouts go together.")
 
 
 class RolloutSource(Protocol):
@@ -106,7 +112,9 @@ class StepPlan:
 
 
 class StreamSource:
-    def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float], poll_s: float = 0.05):
+    def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float], poll_s: float = 0.05,
+                 publish: bool = True):
+        """``publish=False``: read-only (a replayed stream belongs to another run: no trainer.json)."""
         if cfg.groups_per_step * cfg.group_size < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step x group_size = {cfg.groups_per_step * cfg.group_size} samples "
                              f"per step < dp={ctx.dims.dp}: every data-parallel rank needs at least one.")
@@ -122,6 +130,7 @@ class StreamSource:
         """Trained groups per domain, over the run (the realised mix)."""
         self._last_read = time.monotonic()
         self._published: Optional[TrainerProgress] = None
+        self.publish = publish
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -135,7 +144,7 @@ class StreamSource:
 
     def _publish(self, step: int, filled: int) -> None:
         progress = TrainerProgress(step=step, filled=filled, cursor=self.reader.cursor, version=self.version)
-        if self.ctx.rank == 0 and progress != self._published:
+        if self.publish and self.ctx.rank == 0 and progress != self._published:
             write_progress(self.root, progress)
             self._published = progress
 

@@ -240,6 +240,13 @@ def write_progress(root: str | Path, progress: TrainerProgress) -> None:
     _atomic_write(root / PROGRESS_FILE, progress.model_dump_json().encode())
 
 
+def clear_progress(root: str | Path) -> None:
+    """Forget a previous trainer's progress before a (re)start of the whole run: it may name a
+    newer version than the resumed checkpoint's, and the actor must wait for the new trainer's
+    first publication (made once the fleet serves its weights) rather than admit on a stale one."""
+    (Path(root) / PROGRESS_FILE).unlink(missing_ok=True)
+
+
 def read_progress(root: str | Path) -> Optional[TrainerProgress]:
     path = Path(root) / PROGRESS_FILE
     try:

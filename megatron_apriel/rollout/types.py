@@ -210,7 +210,8 @@ class RolloutGroup(_Record):
         """One `TrainSample` per rollout, for a step that trains the weights of ``version``."""
         prompt = list(self.prompt_ids)
         return [TrainSample(prompt + list(r.completion_ids), len(prompt), list(r.logprobs), r.advantage,
-                            truncated=r.truncated, fresh_start=r.fresh_start(version)) for r in self.rollouts]
+                            truncated=r.truncated, fresh_start=r.fresh_start(version), group=self.seq)
+                for r in self.rollouts]
 
 
 @dataclass
@@ -228,6 +229,8 @@ class TrainSample:
     fresh_start: int = 0
     """Completion tokens from this index on were sampled by the very weights being trained: on
     them |log pi_train - log pi_behaviour| is pure train/inference drift."""
+    group: int = -1
+    """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
 
     def __post_init__(self) -> None:
         n_completion = len(self.tokens) - self.prompt_len

@@ -7,6 +7,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.logprobs import vocab_parallel_logprobs
@@ -30,7 +31,8 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
                      mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten())
     out = policy_loss(inp, cfg)
-    metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float())
+    metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
+                   nonfinite=(~torch.isfinite(out.loss_sum.detach())).float())
     return out.loss_sum, out.count, metrics
 
 
@@ -70,6 +72,14 @@ def reduce_metrics(per_microbatch: list[dict], ctx: ParallelContext) -> dict:
     return out
 
 
+class NonFiniteError(FloatingPointError):
+    """A loss or gradient was NaN/Inf: the step was not applied (``microbatches``: where, if known)."""
+
+    def __init__(self, what: str, microbatches: list[int]):
+        super().__init__(f"non-finite {what}" + (f" in micro-batch(es) {microbatches}" if microbatches else ""))
+        self.what, self.microbatches = what, microbatches
+
+
 def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx: ParallelContext,
                cfg: LossConfig, vocab_size: int) -> dict:
     """Forward/backward all micro-batches, reduce gradients, clip, step. Returns logged metrics
@@ -89,9 +99,12 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
         micro_batch_size=shape[0],
         forward_only=False,
     )
+    bad = [i for i, m in enumerate(per_mb) if m["nonfinite"] > 0] if ctx.is_last_stage else []
+    if any_rank(bool(bad)):  # every rank stops before the optimizer touches a weight
+        raise NonFiniteError("loss", bad)
     success, grad_norm, _ = optimizer.step()
-    if not success:
-        raise RuntimeError("optimizer step skipped (non-finite gradients); check the batch and the learning rate.")
+    if not success:  # Megatron found Inf/NaN gradients on some rank and skipped the update everywhere
+        raise NonFiniteError("gradients", [])
     scheduler.step(increment=1)
     metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                "train/lr": optimizer.param_groups[0]["lr"]}

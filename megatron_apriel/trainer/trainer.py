@@ -24,7 +24,7 @@ from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
                                                save_checkpoint)
-from megatron_apriel.trainer.step import train_step
+from megatron_apriel.trainer.step import NonFiniteError, train_step
 
 log = logging.getLogger("megatron_apriel")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # SLURM: scancel / --signal=USR1@<seconds>
@@ -88,8 +88,21 @@ class Trainer:
         return padded_microbatches(samples, ids, t.micro_batch_size, t.seq_len)
 
     def train_once(self, samples: list[TrainSample]) -> dict[str, float]:
-        return train_step(self.chunks, self.optimizer, self.scheduler, self.microbatches(samples), self.ctx,
-                          self.cfg.loss, self.arch.vocab_size)
+        if self.step == self.cfg.trainer.inject_nan_at_step and samples:
+            samples[0].behaviour_logprobs[0] = float("nan")
+        mbs = self.microbatches(samples)
+        try:
+            return train_step(self.chunks, self.optimizer, self.scheduler, mbs, self.ctx, self.cfg.loss,
+                              self.arch.vocab_size)
+        except NonFiniteError as err:
+            where = err.microbatches or range(len(mbs))
+            groups = sorted({samples[i].group for m in where for i in mbs[m].sample_ids})
+            latest = latest_checkpoint(self.ckpt_root)
+            raise NonFiniteError(
+                f"{err.what} at step {self.step} (this rank's micro-batch(es) {err.microbatches or 'all'}, "
+                f"group(s) {groups}); the step was not applied and nothing was saved after "
+                f"{latest or 'the start'}. Inspect those groups in run_dir/rollouts, lower optim.lr or "
+                f"optim.clip_grad, then rerun the same command to resume from that checkpoint", []) from err
 
     def sync_weights(self) -> dict[str, float]:
         """Send the current weights (version = steps taken) to the fleet, in flight; tell the source."""

@@ -43,7 +43,8 @@ from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, Up
 from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.apriel.weight_sync")
+"""Under vLLM's logger, so its handlers print our lines in the server log (ours has none in a worker)."""
 
 BACKENDS = {"gloo": "gloo", "apriel_nccl": "nccl"}
 """vLLM ``weight_transfer_config.backend`` name -> process-group backend of our engine."""
@@ -120,6 +121,7 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         if self._broken:
             raise RuntimeError(f"weight-sync groups are out of step ({self._broken}); re-run init_weight_transfer_engine.")
         self._started_at = time.perf_counter()
+        log.info("weight update: receiving on %d stage group(s)", len(self.groups))
         self._pool = ThreadPoolExecutor(max_workers=2 * len(self.groups), thread_name_prefix="apriel-recv")
         self._futures = [self._pool.submit(self._receive_stage, g) for g in self.groups]
 

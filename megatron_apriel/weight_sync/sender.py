@@ -38,12 +38,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
+import httpx
 import torch
 import torch.distributed as dist
 
+from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.control import WeightSyncControl, probe_versions
+from megatron_apriel.weight_sync.control import ServerError, WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.weight_sync.source import StageWeights, ToHF
 from megatron_apriel.weight_sync.stream import BucketHook, DoubleBuffer, send_stage
@@ -69,12 +71,17 @@ class WeightSyncConfig:
     timeout_s: float = 600.0
     checksum: str = "sum64"
     """Per-bucket checksum: sum64 (cheap, any device) or crc32 (stronger, CPU only)."""
+    push_attempts: int = 3
+    """Tries per update: a server that dies mid-update fails it; the fleet is joined again without
+    it (or with its restarted self) and the update sent again."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"weight_sync.backend must be auto, nccl or gloo, got {self.backend!r}.")
         if self.checksum not in ("sum64", "crc32"):
             raise ValueError(f"weight_sync.checksum must be sum64 or crc32, got {self.checksum!r}.")
+        if self.push_attempts < 1:
+            raise ValueError(f"weight_sync.push_attempts must be >= 1, got {self.push_attempts}.")
         if self.bucket_bytes < B.ALIGN:
             raise ValueError(f"weight_sync.bucket_bytes must be >= {B.ALIGN}, got {self.bucket_bytes}.")
 
@@ -133,9 +140,9 @@ class WeightSender:
             return live
         return None
 
-    def ensure_connected(self) -> bool:
-        """(Re)join the stage groups if the fleet changed (every rank calls); True if it did."""
-        change = [self._fleet_changed() if self.is_coordinator else None]
+    def ensure_connected(self, force: bool = False) -> bool:
+        """(Re)join the stage groups if the fleet changed, or ``force`` (every rank calls); True if it did."""
+        change = [(self._live_members()[0] if force else self._fleet_changed()) if self.is_coordinator else None]
         dist.broadcast_object_list(change, src=0)
         if change[0] is None:
             return False
@@ -188,44 +195,80 @@ class WeightSender:
             f.result()
         dist.barrier()
 
-    def _send_stage(self, version: int) -> tuple[int, int]:
+    def _send_stage(self, version: int) -> tuple[int, int, Optional[str]]:
         if self._layouts is None:
             self._layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes)
         layouts = self._layouts
         plan = StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp, checksum=self.algo,
                          buckets=layouts)
-        send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)
-        return plan.nbytes, len(layouts)
+        failure = send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)
+        return plan.nbytes, len(layouts), failure
 
     def push(self, version: int, check_fleet: bool = True) -> SyncReport:
-        """Send this step's weights as ``version``; returns the (coordinator's) report on every rank."""
+        """Send this step's weights as ``version``; returns the (coordinator's) report on every rank.
+        An update that a server's death breaks is sent again to the fleet as it is then."""
+        for attempt in range(1, self.cfg.push_attempts + 1):
+            if check_fleet or attempt > 1:
+                self.ensure_connected(force=attempt > 1)
+            report = self._push_once(version)
+            if report is not None:
+                self.last_version = version
+                return report
+            log.warning("weight update %d failed (attempt %d of %d; a server left mid-update?): joining the fleet "
+                        "again", version, attempt, self.cfg.push_attempts)
+        raise RuntimeError(f"weight update {version} failed {self.cfg.push_attempts} times (weight_sync.push_attempts):"
+                           " see the warnings above and the vLLM servers' logs.")
+
+    def _push_once(self, version: int) -> Optional[SyncReport]:
+        """One try, on every rank; None if it failed on any. A failure after ``/update_weights``
+        may leave survivors on the new weights under the old version label until the retry: their
+        tokens then look older than they are, never newer (the lag bound stays safe)."""
         t0 = time.perf_counter()
-        if check_fleet:
-            self.ensure_connected()
         self._last_check = time.monotonic()
-        if self.is_coordinator:
-            self.control.start()
+        failure = self._control("start", lambda: self.control.start()) if self.is_coordinator else None
+        if any_rank(failure is not None):
+            return None
         nbytes = nbuckets = 0
         if self.is_stage_sender:
-            nbytes, nbuckets = self._send_stage(version)
+            nbytes, nbuckets, failure = self._send_stage(version)
+            if failure is not None:
+                log.warning("stage %d's weight-sync group failed mid-update: %s", self.ctx.pp_rank, failure)
         elif self.in_replica:
             self.weights.gather_only()
         send_s = time.perf_counter() - t0
+        if any_rank(failure is not None):
+            return None
         report = [self._finish(version, t0, send_s, nbytes, nbuckets) if self.is_coordinator else None]
         dist.broadcast_object_list(report, src=0)
-        self.last_version = version
         return report[0]
 
-    def _finish(self, version: int, t0: float, send_s: float, nbytes: int, nbuckets: int) -> SyncReport:
+    def _control(self, what: str, call: Callable[[], object]) -> Optional[str]:
+        """Coordinator: an HTTP control call; a server that does not answer is returned as the failure."""
+        try:
+            call()
+        except (ServerError, httpx.TransportError) as err:
+            log.warning("/%s failed: %s", what, err)
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    def _finish(self, version: int, t0: float, send_s: float, nbytes: int,
+                nbuckets: int) -> Optional[SyncReport]:
+        """Coordinator: pause, verify and load on every server, finish, resume. None if a server
+        stopped answering (the survivors are resumed; the caller sends the update again)."""
         control = self.control
         paused = time.perf_counter()
-        control.pause()
-        try:
-            rejected = control.update(UpdateRequest(version=version, num_stages=self.ctx.dims.pp))
-            accepted = [s for s in control.servers if s not in rejected]
-            control.finish(accepted, version)
-        finally:
-            control.resume()
+        rejected: dict[str, str] = {}
+
+        def apply() -> None:
+            control.pause()
+            try:
+                rejected.update(control.update(UpdateRequest(version=version, num_stages=self.ctx.dims.pp)))
+                control.finish([s for s in control.servers if s not in rejected], version)
+            finally:
+                control.resume()  # every server is asked, even if one does not answer
+
+        if self._control("update_weights", apply) is not None:
+            return None
         pause_s = time.perf_counter() - paused
         return SyncReport(version=version, accepted=not rejected, servers=control.servers, rejected=rejected,
                           nbytes=nbytes, num_buckets=nbuckets, send_s=send_s, pause_s=pause_s,

@@ -33,21 +33,38 @@ class DoubleBuffer:
 
 
 def send_stage(group: StageGroup, plan: StagePlan, tensors: Iterator[tuple[str, torch.Tensor]],
-               buffers: DoubleBuffer, on_bucket: Optional[BucketHook] = None) -> None:
-    send_plan(group, plan)
-    inflight = None
+               buffers: DoubleBuffer, on_bucket: Optional[BucketHook] = None) -> Optional[str]:
+    """Send one stage's update. Returns None, or why the wire failed (a receiver died mid-update):
+    the stage's tensors are then still all drawn, unsent, so the ranks that produce them through
+    collectives (TP gathers) stay in step, and the caller can reconnect and send again."""
+    failure, inflight = None, None
+    try:
+        send_plan(group, plan)
+    except RuntimeError as err:  # gloo and NCCL report a closed or reset peer as RuntimeError subclasses
+        failure = f"{type(err).__name__}: {err}"
     for layout in plan.buckets:
+        if failure is not None:
+            for _ in layout.tensors:
+                next(tensors)
+            continue
         wire = buffers.wire(layout, layout.index % 2)  # the other buffer may still be on the wire
         B.pack_sealed(layout, (next(tensors) for _ in layout.tensors), wire, plan.checksum)
         if on_bucket is not None:
             on_bucket(plan.stage, layout.index, wire)
+        try:
+            if inflight is not None:
+                inflight.wait()
+            inflight = group.broadcast(wire, async_op=True)
+        except RuntimeError as err:
+            failure, inflight = f"{type(err).__name__}: {err}", None
+    try:
         if inflight is not None:
             inflight.wait()
-        inflight = group.broadcast(wire, async_op=True)
-    if inflight is not None:
-        inflight.wait()
+    except RuntimeError as err:
+        failure = f"{type(err).__name__}: {err}"
     if next(tensors, None) is not None:
         raise RuntimeError("the stage produced more tensors than its plan holds; metadata and data disagree.")
+    return failure
 
 
 @dataclass

@@ -146,3 +146,23 @@ def test_some_runs_stop_with_groups_in_flight(tmp_path):
         asyncio.run(run_with_trainer(root, make_actor(root, fleet, rollout, max_in_flight=6), fleet, rollout, steps=3))
         seen += bool(StreamWriter(root).last_snapshot().in_flight)
     assert seen > 0
+
+
+def test_while_the_trainer_is_down_the_actor_stops_at_its_backlog_cap(tmp_path):
+    fleet = FakeFleet(accuracy=1.0)  # every group all-correct: all dropped, none usable
+    rollout = RolloutConfig(group_size=2, groups_per_step=3, max_lag=None)
+    actor = make_actor(tmp_path, fleet, rollout, max_in_flight=8)
+    actor.cfg.max_queued_steps = 2
+
+    async def go():
+        write_progress(tmp_path, TrainerProgress(step=0, filled=0, cursor=0, version=0))  # then the trainer is gone
+        stop = asyncio.Event()
+        task = asyncio.create_task(actor.run(stop))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await task
+        await actor.client.aclose()
+
+    asyncio.run(go())
+    written = StreamWriter(tmp_path).next_seq
+    assert written == 2 * 3 and fleet.requests == written  # capped, and nothing generated beyond the cap

@@ -151,3 +151,80 @@ def test_a_lone_failed_server_is_retried_after_its_cooldown():
     (c,) = asyncio.run(go())
     assert c.attempts == 2 and len(times) == 2
     assert times[1] - times[0] >= 0.3  # no server is up: the retry waits for the cooldown, it does not hammer
+
+
+def _metrics_body(tokens: float) -> str:
+    return ('# HELP vllm:generation_tokens_total Number of generation tokens processed.\n'
+            f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {tokens}\n')
+
+
+def test_a_server_that_stops_producing_tokens_is_treated_as_failed():
+    served = []
+
+    async def handler(request):
+        host = request.url.host
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=_metrics_body(7.0))  # the counter never moves
+        if host == "stuck":
+            await asyncio.sleep(3600)  # alive (the connection stays open) but no token ever comes
+        served.append(host)
+        return httpx.Response(200, json={"choices": [_choice([1, 2], [{"version": "1", "start": 0, "end": 2}])]})
+
+    async def go():
+        client = FleetClient(["http://stuck", "http://ok"], cooldown_s=5.0, stall_timeout_s=0.3,
+                             transport=httpx.MockTransport(handler))
+        client.servers[1].in_flight = 1  # make "stuck" the least loaded, so the first try goes there
+        try:
+            t0 = asyncio.get_running_loop().time()
+            (c,) = await asyncio.wait_for(client.generate([1], SamplingConfig()), timeout=10)
+            return c, client.stalls, asyncio.get_running_loop().time() - t0
+        finally:
+            await client.aclose()
+
+    c, stalls, elapsed = asyncio.run(go())
+    assert c.server == "http://ok" and c.attempts == 2 and served == ["ok"] and stalls == 1
+    assert 0.3 <= elapsed < 5.0
+
+
+def test_a_slow_server_that_keeps_producing_tokens_is_left_alone():
+    state = {"tokens": 0.0}
+
+    async def handler(request):
+        if request.url.path == "/metrics":
+            state["tokens"] += 5
+            return httpx.Response(200, text=_metrics_body(state["tokens"]))
+        await asyncio.sleep(1.0)  # three stall timeouts long, but tokens keep coming
+        return httpx.Response(200, json={"choices": [_choice([1], [{"version": "1", "start": 0, "end": 1}])]})
+
+    async def go():
+        client = FleetClient(["http://slow"], stall_timeout_s=0.3, transport=httpx.MockTransport(handler))
+        try:
+            (c,) = await client.generate([1], SamplingConfig())
+            return c, client.stalls
+        finally:
+            await client.aclose()
+
+    c, stalls = asyncio.run(go())
+    assert c.attempts == 1 and stalls == 0
+
+
+def test_cancelling_the_caller_still_cancels_the_request():
+    async def handler(request):
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=_metrics_body(1.0))
+        await asyncio.sleep(3600)
+
+    async def go():
+        client = FleetClient(["http://a"], stall_timeout_s=60, transport=httpx.MockTransport(handler))
+        task = asyncio.create_task(client.generate([1], SamplingConfig()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled", client.servers[0].in_flight
+        finally:
+            await client.aclose()
+        return "finished", None
+
+    assert asyncio.run(go()) == ("cancelled", 0)

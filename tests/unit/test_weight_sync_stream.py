@@ -1,6 +1,7 @@
 """One stage's update over a real 2-process gloo group: buckets (with strided sources and mixed
 dtypes) arrive intact, and a byte flipped after sealing marks that bucket bad (no vLLM)."""
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -10,7 +11,7 @@ from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan
 from megatron_apriel.weight_sync.stream import DoubleBuffer, receive_stage, send_stage
-from megatron_apriel.weight_sync.transport import join_stage_group
+from megatron_apriel.weight_sync.transport import join_stage_group, recv_plan
 
 
 def _tensors():
@@ -54,3 +55,43 @@ def test_buckets_roundtrip_and_corruption_is_caught():
         assert p.exitcode == 0
     assert names == [["small", "big"], ["strided_big", "half", "big2"]]
     assert results == [(0, True), (1, False)]
+
+
+def _dying_worker(rank: int, port: int, out) -> None:
+    """Rank 0 sends, rank 1 receives, rank 2 dies (hard) after the plan: a server killed mid-update."""
+    group = join_stage_group(Endpoint(host="127.0.0.1", port=port), rank, 3, "gloo", 60, torch.device("cpu"))
+    tensors = _tensors()
+    layouts = B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors], 1 << 12)  # many buckets
+    plan = StagePlan(version=1, stage=0, num_stages=1, checksum="sum64", buckets=layouts)
+    if rank == 2:
+        recv_plan(group)
+        os._exit(0)
+    if rank == 0:
+        drawn = []
+        source = ((drawn.append(n), (n, t))[1] for n, t in tensors)
+        failure = send_stage(group, plan, source, DoubleBuffer(torch.device("cpu")))
+        group.close()  # what the sender does before joining the fleet again
+        out.put(("sender", failure, drawn))
+        return
+    try:
+        receive_stage(group, ThreadPoolExecutor(1))
+        out.put(("receiver", None))
+    except RuntimeError as err:
+        out.put(("receiver", type(err).__name__))
+
+
+def test_a_receiver_dying_mid_update_fails_the_send_without_desynchronising_the_sender():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_dying_worker, args=(r, port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    got = dict((item[0], item[1:]) for item in (out.get(timeout=120), out.get(timeout=120)))
+    for p in procs:
+        p.join(timeout=90)
+    failure, drawn = got["sender"]
+    assert failure is not None  # reported, not raised, not hung
+    assert drawn == [n for n, _ in _tensors()]  # every tensor drawn: TP peers gathering them stay in step
+    assert len(B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in _tensors()], 1 << 12)) == 5  # a death before the last
+    assert procs[0].exitcode == 0 and procs[2].exitcode == 0
