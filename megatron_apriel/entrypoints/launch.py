@@ -63,8 +63,13 @@ class Component:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the component's process group, SIGKILL after ``grace_s``."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the component's process group, SIGKILL after ``grace_s``. If its leader has
+        already exited (a crash), what is left of the group is killed at once: vLLM's engine and
+        worker processes would otherwise outlive a dead API server."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:
+            self._kill_group()
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -74,6 +79,13 @@ class Component:
             self.proc.wait(grace_s)
         except ProcessLookupError:
             pass  # it exited between the poll and the signal
+        self._kill_group()  # children that ignored SIGTERM or outlived the leader
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # no process of the group is left: the usual case
 
     def tail(self, lines: int = 30) -> str:
         """The exceptions the log reports (what failed, each once), then its last lines."""
@@ -223,6 +235,7 @@ class Launcher:
                               f"{c.log_path}:\n{c.tail()}")
         c.restarts_left -= 1
         _say(f"{c.name} exited with code {code}; restarting it ({c.restarts_left} restarts left)")
+        c.stop()  # what is left of its process group goes first
         c.start()
 
     def _show_metrics(self, bar) -> None:

@@ -59,7 +59,7 @@ def _replay_source(run: RunConfig, ctx, parts):
     if not list_segments(Path(run.rollout.replay_from)):
         raise ValueError(f"rollout.replay_from={run.rollout.replay_from} holds no rollout segments: give an earlier "
                          "run's rollouts/ directory.")
-    return StreamSource(run.rollout.replay_from, run.rollout, ctx, run.actor.sampler.mix, publish=False)
+    return StreamSource(run.rollout.replay_from, run.rollout, ctx, run.actor.sampler.mix, replay=True)
 
 
 ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source, "replay": _replay_source}

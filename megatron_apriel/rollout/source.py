@@ -113,8 +113,9 @@ class StepPlan:
 
 class StreamSource:
     def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float], poll_s: float = 0.05,
-                 publish: bool = True):
-        """``publish=False``: read-only (a replayed stream belongs to another run: no trainer.json)."""
+                 replay: bool = False):
+        """``replay``: the stream is another run's, complete and read-only (no trainer.json is
+        written, and a step it cannot fill is an error instead of a wait)."""
         if cfg.groups_per_step * cfg.group_size < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step x group_size = {cfg.groups_per_step * cfg.group_size} samples "
                              f"per step < dp={ctx.dims.dp}: every data-parallel rank needs at least one.")
@@ -130,7 +131,7 @@ class StreamSource:
         """Trained groups per domain, over the run (the realised mix)."""
         self._last_read = time.monotonic()
         self._published: Optional[TrainerProgress] = None
-        self.publish = publish
+        self.replay = replay
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -144,7 +145,7 @@ class StreamSource:
 
     def _publish(self, step: int, filled: int) -> None:
         progress = TrainerProgress(step=step, filled=filled, cursor=self.reader.cursor, version=self.version)
-        if self.publish and self.ctx.rank == 0 and progress != self._published:
+        if not self.replay and self.ctx.rank == 0 and progress != self._published:
             write_progress(self.root, progress)
             self._published = progress
 
@@ -168,6 +169,10 @@ class StreamSource:
                 st.lags.append(lag)
                 st.taken.append((self.reader.segment_first, group))
         if len(st.taken) < self.cfg.groups_per_step:
+            if self.replay:
+                raise ValueError(f"the replayed stream {self.root} ran out at step {step} ({len(st.taken)} of "
+                                 f"{self.cfg.groups_per_step} groups, {self.reader.cursor} read): lower "
+                                 "trainer.steps, or check rollout.max_lag and groups_per_step against the recorded run.")
             self._publish(step, len(st.taken))  # the actor may admit what this step still needs
             return None
         self._filling = None

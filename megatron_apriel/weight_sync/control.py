@@ -103,6 +103,22 @@ class WeightSyncControl:
         for f in futures:
             f.result()
 
+    def abort(self) -> list[str]:
+        """End an interrupted update on every server, keeping its weight version label
+        (``/finish_weight_update`` without a version), so the next ``start`` is accepted. A
+        server with no update open refuses ("without a matching start"), which is as good; one
+        that does not answer is left to the reconnection. Returns the servers that did not answer."""
+        def one(server: str) -> Optional[str]:
+            try:
+                response = self._http.post(server + "/finish_weight_update", json={})
+            except httpx.TransportError:
+                return server
+            if response.status_code != 200 and "without a matching start" not in response.text:
+                raise ServerError(f"/finish_weight_update on {server} -> {response.status_code}: {response.text[:500]}")
+            return None
+
+        return [s for s in self._pool.map(one, self.servers) if s is not None]
+
     def status(self, server: str) -> Optional[UpdateResult]:
         """The receiver's last ``UpdateResult`` (first worker), via ``/collective_rpc``."""
         # A fresh connection: after a failed update the pooled one may have been dropped by the server.

@@ -216,6 +216,9 @@ class WeightSender:
                 return report
             log.warning("weight update %d failed (attempt %d of %d; a server left mid-update?): joining the fleet "
                         "again", version, attempt, self.cfg.push_attempts)
+            if self.is_coordinator:
+                gone = self.control.abort()  # the servers that answer close the update they had open
+                log.warning("servers not answering: %s", gone or "none")
         raise RuntimeError(f"weight update {version} failed {self.cfg.push_attempts} times (weight_sync.push_attempts):"
                            " see the warnings above and the vLLM servers' logs.")
 

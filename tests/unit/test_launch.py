@@ -83,3 +83,22 @@ def test_dry_run_describes_the_paper_recipe(tmp_path):
     assert sum(line.strip().startswith("server_") for line in out.splitlines()) == 32
     assert "--max-model-len 20096" in out and "budget 16000 tokens" in out and "max_lag None" in out
     assert not (tmp_path / "run" / "logs").exists()  # a dry run starts nothing
+
+
+def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tmp_path):
+    import os
+    import time
+
+    from megatron_apriel.entrypoints.launch import Component
+
+    pid_file = tmp_path / "child.pid"  # like vLLM's engine core, left behind by its dead API server
+    c = Component("server_0", ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; exit 3"], tmp_path / "s.log")
+    c.start()
+    assert c.proc.wait(30) == 3
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # alive: the leader's death did not take it along
+    c.stop()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the orphaned child survived stop()"
+        time.sleep(0.05)

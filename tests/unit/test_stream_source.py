@@ -53,3 +53,14 @@ def test_state_resumes_the_cursor(tmp_path, ctx):
     second.load_state_dict(first.state_dict())
     samples, m = second.next_batch(1)
     assert m["rollout/cursor"] == 2 and samples[0].tokens[2] == 1  # group 1's prompt ends with its seq
+
+
+def test_a_replay_reads_without_writing_and_says_when_the_stream_runs_out(tmp_path, ctx):
+    write_groups(tmp_path, [(0, None)] * 3)
+    cfg = RolloutConfig(source="replay", replay_from=str(tmp_path), group_size=2, groups_per_step=2, max_lag=None)
+    source = StreamSource(tmp_path, cfg, ctx, {"math": 1.0}, replay=True)
+    source.next_batch(0)
+    source.weights_updated(1)
+    assert read_progress(tmp_path) is None  # another run's stream: left as it was
+    with pytest.raises(ValueError, match="ran out at step 1 .1 of 2 groups"):
+        source.next_batch(1)  # one group left: an error, not a wait forever
