@@ -92,6 +92,12 @@ class ModelArch:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron's embedding rows: the vocabulary padded to a multiple of ``divisible_by * tp``."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
 def _rope_theta(cfg: dict) -> float:
     params = cfg.get("rope_parameters") or {}  # transformers >= 5 moves rope_theta here
     return cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
