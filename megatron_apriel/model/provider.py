@@ -183,6 +183,9 @@ def build_model(cfg: ModelConfig, ctx: ParallelContext):
         share_embeddings_and_output_weights=arch.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
+        # Llama-3 scaling: Megatron applies LLAMA3_FIXED's constants, ModelArch refused any others
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         pg_collection=ctx.pgs,
     )
     if cfg.fp32_lm_head and model.post_process:
