@@ -6,8 +6,10 @@
 ``--preset NAME`` takes the run settings (sequence length, precision, group size, ...) from
 ``conf/NAME.yaml`` and, unless ``--hf`` is given, the model from ``conf/models/NAME/config.json``.
 With ``--hf`` alone the paper's recipe (``apriel_15b``) gives the run settings. Weights,
-gradients and optimizer state are exact for Megatron's distributed optimizer; activations and
-the log-prob head are estimates.
+gradients and optimizer state follow Megatron's buffers and distributed optimizer element by
+element (tested to the byte for the local spec on CPU; the Transformer Engine spec's layout is
+modelled the same way, with its norms fused into the linears); activations and the log-prob head
+are estimates.
 """
 
 from __future__ import annotations
@@ -56,13 +58,14 @@ def _model_dir(args) -> Path:
 def load_run(preset: str, model_dir: Path, overrides: list[str]):
     """The preset's validated RunConfig, with mandatory paths filled in for planning only."""
     from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
 
     from megatron_apriel.config import register_configs, to_run_config
 
     register_configs()
     with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
         cfg = compose(config_name=preset, overrides=[f"model.hf_path={model_dir}", *overrides])
-    if cfg.actor.data == "???":
+    if OmegaConf.is_missing(cfg.actor, "data"):  # the problem files do not change the sizes
         cfg.actor.data = ["planning-only"]
     return to_run_config(cfg)
 
