@@ -117,7 +117,7 @@ def make_plan(args) -> dict:
                 "param_bytes": settings.param_bytes, "sequence_parallel": settings.sequence_parallel,
                 "group_size": run.rollout.group_size,
                 "sequences_in_flight": run.actor.max_in_flight * run.rollout.group_size},
-        "layouts": [l.to_dict() for l in layouts],
+        "layouts": [lay.to_dict() for lay in layouts],
         "recommended": None if best is None else {"tp": best[0].tp, "pp": best[0].pp, "dp": best[0].dp,
                                                    "recompute": best[1], "total_gib": best[0].total_gib[best[1]]},
         "fleet": fleet.to_dict(),

@@ -100,8 +100,8 @@ def plan_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, s: TrainerSetti
 def recommend(layouts: list[Layout]) -> tuple[Layout, str] | None:
     """The fitting layout with the least recomputation, then the most data parallelism, then the
     fewest pipeline stages (fewer bubbles); None when nothing fits."""
-    options = [(RECOMPUTE_ORDER.index(None if r == "none" else r), l.tp * l.pp, l.pp, l.tp, r, i)
-               for i, l in enumerate(layouts) for r in l.fits[:1]]
+    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.tp * lay.pp, lay.pp, lay.tp, rec, i)
+               for i, lay in enumerate(layouts) for rec in lay.fits[:1]]
     if not options:
         return None
     best = min(options)

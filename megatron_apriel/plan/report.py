@@ -5,13 +5,13 @@ from __future__ import annotations
 GB_FMT = "{:6.1f}"
 
 
-def _row(l: dict) -> str:
-    act = l["activations_gib"]
-    cells = [f"{l['tp']:>3} {l['pp']:>3} {l['dp']:>4}"] + [GB_FMT.format(l[k]) for k in
+def _row(lay: dict) -> str:
+    act = lay["activations_gib"]
+    cells = [f"{lay['tp']:>3} {lay['pp']:>3} {lay['dp']:>4}"] + [GB_FMT.format(lay[k]) for k in
                                                           ("weights_gib", "grads_gib", "optimizer_gib")]
-    cells += [GB_FMT.format(act[r]) for r in ("none", "selective", "full")] + [GB_FMT.format(l["logits_gib"])]
-    cells += [GB_FMT.format(l["total_gib"][r]) for r in ("none", "selective", "full")]
-    return "  ".join(cells) + "  " + (",".join(l["fits"]) or "-")
+    cells += [GB_FMT.format(act[r]) for r in ("none", "selective", "full")] + [GB_FMT.format(lay["logits_gib"])]
+    cells += [GB_FMT.format(lay["total_gib"][r]) for r in ("none", "selective", "full")]
+    return "  ".join(cells) + "  " + (",".join(lay["fits"]) or "-")
 
 
 def render_text(plan: dict) -> str:
@@ -28,7 +28,7 @@ def render_text(plan: dict) -> str:
         "trainer layouts, GiB per GPU (worst stage, worst DP rank); act. and logits are ESTIMATES:",
         " tp  pp   dp  weight   grad  optim  act:none    sel   full  logits  tot:none    sel   full  fits",
     ]
-    lines += [_row(l) for l in plan["layouts"]]
+    lines += [_row(lay) for lay in plan["layouts"]]
     best = plan["recommended"]
     lines.append("")
     if best:
