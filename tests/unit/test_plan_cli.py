@@ -78,3 +78,14 @@ def test_errors_say_what_to_change(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main([*args, *CLUSTER])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_arithmetic_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, megatron_apriel.plan.layouts, megatron_apriel.plan.fleet, megatron_apriel.plan.report; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    assert out.strip() == "False"
