@@ -6,7 +6,7 @@ setup(
     description="Megatron-Core RL post-training backend reproducing the Apriel-1.5-OpenReasoner recipe",
     python_requires=">=3.10",
     packages=find_packages(include=["megatron_apriel", "megatron_apriel.*"]),
-    package_data={"megatron_apriel": ["conf/*.yaml"]},
+    package_data={"megatron_apriel": ["conf/*.yaml", "conf/models/*/config.json"]},
     install_requires=[
         # torch is installed first, explicitly (see README): a bare "torch" here would let pip
         # pull a CUDA build on a CPU machine.
@@ -42,6 +42,7 @@ setup(
             "apriel-train=megatron_apriel.entrypoints.train:main",
             "apriel-convert=megatron_apriel.entrypoints.convert:main",
             "apriel-serve=megatron_apriel.entrypoints.serve:main",
+            "apriel-plan=megatron_apriel.entrypoints.plan:main",
         ],
     },
 )

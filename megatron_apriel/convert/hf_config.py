@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.model.arch import LLAMA3_FIXED, ModelArch
 
 HF_CLASSES = {"mistral": "MistralForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM"}
@@ -17,7 +17,7 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 
 
 def hf_config_from_arch(arch: ModelArch, dtype: torch.dtype) -> dict:
-    """A config.json that transformers loads as the same text model (plain RoPE, no sliding window)."""
+    """A config.json that transformers loads as the same text model (RoPE scaling and window included)."""
     cfg = {
         "architectures": [HF_CLASSES[arch.family]],
         "model_type": arch.family,
@@ -35,8 +35,10 @@ def hf_config_from_arch(arch: ModelArch, dtype: torch.dtype) -> dict:
         "tie_word_embeddings": arch.tie_embeddings,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if arch.rope_scaling_factor is not None:
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": arch.rope_scaling_factor, **LLAMA3_FIXED}
     if arch.family == "mistral":
-        cfg["sliding_window"] = None
+        cfg["sliding_window"] = arch.sliding_window
     if arch.family in ("llama", "mistral", "qwen3"):
         cfg["attention_bias"] = arch.qkv_bias
     if arch.family in ("qwen2", "qwen3"):

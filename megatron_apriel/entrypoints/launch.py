@@ -310,6 +310,7 @@ def describe(run: RunConfig, components: list[Component]) -> str:
     arch = run.model.resolve_arch() if known else None
     lines = [f"run_dir: {run.run_dir}"]
     if arch is not None:
+        arch.check_sequence_length(run.trainer.seq_len)
         params = sum(_numel(s) for s in canonical_shapes(arch).values())
         lines.append(f"model: {run.model.hf_path or 'inline arch'} ({arch.family}, {arch.num_layers} layers, hidden "
                      f"{arch.hidden_size}, {params / 1e9:.2f}B parameters)")

@@ -96,9 +96,11 @@ def build_trainer(run: RunConfig, ctx):
     from megatron_apriel.model.wrap import build_optimizer, wrap_model
     from megatron_apriel.trainer.trainer import ModelParts, Trainer
 
+    arch = run.model.resolve_arch()
+    arch.check_sequence_length(run.trainer.seq_len)  # a sliding window must cover the whole sequence
     chunks = wrap_model(build_model(run.model, ctx), ctx)
     optimizer, scheduler = build_optimizer(chunks, run.optim, ctx, total_steps=run.trainer.steps)
-    parts = ModelParts(run.model.resolve_arch(), chunks, optimizer, scheduler)
+    parts = ModelParts(arch, chunks, optimizer, scheduler)
     source = ROLLOUT_SOURCES[run.rollout.source](run, ctx, parts)
     sender = build_sender(run, ctx, parts) if run.rollout.source == "fleet" else None
     logger = build_logger(Path(run.run_dir), enabled=ctx.is_logging_rank)

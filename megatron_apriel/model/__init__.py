@@ -1,6 +1,17 @@
-"""HF config -> ModelArch -> TransformerConfig -> GPTModel. No training or distributed logic."""
+"""HF config -> ModelArch -> TransformerConfig -> GPTModel. No training or distributed logic.
 
-from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.model.provider import ModelConfig, build_model, padded_vocab_size
+``ModelArch`` (and ``padded_vocab_size``) are pure Python; the provider, which imports torch, is
+loaded on first use, so the sizing tool (``megatron_apriel.plan``) reads architectures without torch.
+"""
+
+from megatron_apriel.model.arch import ModelArch, padded_vocab_size
 
 __all__ = ["ModelArch", "ModelConfig", "build_model", "padded_vocab_size"]
+
+
+def __getattr__(name: str):
+    if name in ("ModelConfig", "build_model"):
+        from megatron_apriel.model import provider
+
+        return getattr(provider, name)
+    raise AttributeError(f"module 'megatron_apriel.model' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.model.arch import ModelArch, padded_vocab_size  # noqa: F401 (re-exported)
 from megatron_apriel.parallel.groups import ParallelContext
 
 FP8_FORMATS = ("hybrid", "e4m3")
@@ -96,11 +96,6 @@ def resolve_dtype(cfg: ModelConfig) -> torch.dtype:
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() else "fp32"
     return torch.bfloat16 if precision == "bf16" else torch.float32
-
-
-def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
@@ -188,6 +183,9 @@ def build_model(cfg: ModelConfig, ctx: ParallelContext):
         share_embeddings_and_output_weights=arch.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
+        # Llama-3 scaling: Megatron applies LLAMA3_FIXED's constants, ModelArch refused any others
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         pg_collection=ctx.pgs,
     )
     if cfg.fp32_lm_head and model.post_process:

@@ -64,6 +64,14 @@ def test_paper_preset_says_what_is_missing():
         to_run_config(compose_run("apriel_15b", ["actor.data=[/data/math.jsonl]"]))
 
 
+@pytest.mark.parametrize("name, tp, pp, servers", [("qwen25_32b", 8, 4, 16), ("llama3_70b", 8, 2, 8)])
+def test_larger_base_presets_compose_on_the_recipe(name, tp, pp, servers):
+    run = to_run_config(compose_run(name, ["model.hf_path=/m", "actor.data=[/d.jsonl]"]))
+    assert (run.parallel.tp, run.parallel.pp, run.fleet.num_servers) == (tp, pp, servers)
+    assert run.launch.nnodes * run.launch.nproc_per_node == 32 and run.rollout.group_size == 8
+    assert run.loss.eps_low == 3e-3 and run.rewards.max_len == 16000  # the recipe, from the defaults
+
+
 def test_tiny_cpu_derives_its_paths_from_the_run_dir():
     run = to_run_config(compose_run("tiny_cpu", ["run_dir=/tmp/r"]))
     assert run.model.hf_path == "/tmp/r/base" and run.actor.data == ["/tmp/r/base/addition.jsonl"]
@@ -93,7 +101,7 @@ def test_presets_hold_overrides_only(name):
 
 
 def test_every_preset_builds():
-    assert {"tiny_cpu", "tiny_local", "smoke_5domains", "apriel_15b"} <= set(PRESETS)
+    assert {"tiny_cpu", "tiny_local", "smoke_5domains", "apriel_15b", "qwen25_32b", "llama3_70b"} <= set(PRESETS)
     for name in PRESETS:
-        extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name == "apriel_15b" else []
+        extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name in ("apriel_15b", "qwen25_32b", "llama3_70b") else []
         assert isinstance(to_run_config(compose_run(name, extra)), RunConfig)

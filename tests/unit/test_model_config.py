@@ -29,13 +29,38 @@ def test_qwen_families():
 
 @pytest.mark.parametrize("change, message", [
     ({"model_type": "gpt2"}, "unsupported HF model_type"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling"),
-    ({"sliding_window": 4096}, "sliding_window"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not supported: Megatron-Core"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "rope scaling 'linear'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0}}, "low_freq_factor"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 4096}},
+     "original_max_position_embeddings"),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, "max_window_layers"),
     ({"hidden_act": "gelu"}, "hidden_act"),
 ])
 def test_refuses_what_it_would_get_wrong(change, message):
     with pytest.raises(ValueError, match=message):
         ModelArch.from_hf_config(dict(MISTRAL_TEXT, **change))
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])  # transformers < 5 and >= 5
+def test_llama3_rope_scaling_is_read(key):
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    arch = ModelArch.from_hf_config(dict(MISTRAL_TEXT, model_type="llama", **{key: scaling}))
+    assert arch.rope_scaling_factor == 32.0
+    assert ModelArch.from_hf_config(MISTRAL_TEXT).rope_scaling_factor is None
+
+
+def test_sliding_window_is_accepted_only_when_it_covers_the_sequence(caplog):
+    arch = ModelArch.from_hf_config(dict(MISTRAL_TEXT, sliding_window=4096))
+    assert arch.sliding_window == 4096
+    with caplog.at_level("INFO", logger="megatron_apriel"):
+        arch.check_sequence_length(4096)
+    assert "never masks" in caplog.text
+    with pytest.raises(ValueError, match="shorter than trainer.seq_len=4097.*trainer.seq_len<=4096"):
+        arch.check_sequence_length(4097)
+    qwen = ModelArch.from_hf_config(dict(MISTRAL_TEXT, model_type="qwen2", sliding_window=4096, use_sliding_window=False))
+    assert qwen.sliding_window is None
 
 
 def test_missing_config_file(tmp_path):

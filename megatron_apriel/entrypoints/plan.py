@@ -1,0 +1,142 @@
+"""``apriel-plan``: trainer and rollout-fleet layouts for a base model on a cluster.
+
+    apriel-plan --preset llama3_70b --nodes 8 --gpus-per-node 8 --gpu-memory-gb 80
+    apriel-plan --hf /models/Qwen2.5-32B --nodes 16 --gpus-per-node 8 --gpu-memory-gb 80 --json
+
+``--preset NAME`` takes the run settings (sequence length, precision, group size, ...) from
+``conf/NAME.yaml`` and, unless ``--hf`` is given, the model from ``conf/models/NAME/config.json``.
+With ``--hf`` alone the paper's recipe (``apriel_15b``) gives the run settings. Weights,
+gradients and optimizer state follow Megatron's buffers and distributed optimizer element by
+element (tested to the byte for the local spec on CPU; the Transformer Engine spec's layout is
+modelled the same way, with its norms fused into the linears); activations and the log-prob head
+are estimates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.plan.fleet import plan_fleet, stage_update_bytes, weights_bytes
+from megatron_apriel.plan.layouts import TrainerSettings, plan_layouts, recommend
+from megatron_apriel.plan.params import parameter_count
+from megatron_apriel.plan.report import render_text
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="apriel-plan", description=__doc__.split("\n")[0])
+    p.add_argument("--hf", help="HF model directory (its config.json is read; no weights needed)")
+    p.add_argument("--preset", help="run preset in megatron_apriel/conf (default: apriel_15b for run settings)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="Hydra override of the preset, e.g. trainer.seq_len=32768 (repeatable)")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--gpu-memory-gb", type=float, required=True, help="memory of one GPU in GiB (H100: 80)")
+    p.add_argument("--trainer-nodes", type=int, help="nodes for the trainer (default: half); the rest serve vLLM")
+    p.add_argument("--headroom-gb", type=float, default=6.0,
+                   help="per GPU, kept free for the CUDA context, NCCL buffers and fragmentation")
+    p.add_argument("--bandwidth-gbps", type=float, default=100.0,
+                   help="trainer-to-fleet bandwidth per pipeline stage, Gbit/s")
+    p.add_argument("--json", action="store_true", help="print the same figures as JSON")
+    return p
+
+
+def _model_dir(args) -> Path:
+    if args.hf:
+        return Path(args.hf)
+    bundled = CONF / "models" / args.preset / "config.json"
+    if not bundled.is_file():
+        raise ValueError(f"preset {args.preset!r} has no bundled model config ({bundled}); pass --hf DIR.")
+    return bundled.parent
+
+
+def load_run(preset: str, model_dir: Path, overrides: list[str]):
+    """The preset's validated RunConfig, with mandatory paths filled in for planning only."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from megatron_apriel.config import register_configs, to_run_config
+
+    register_configs()
+    with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
+        cfg = compose(config_name=preset, overrides=[f"model.hf_path={model_dir}", *overrides])
+    if OmegaConf.is_missing(cfg.actor, "data"):  # the problem files do not change the sizes
+        cfg.actor.data = ["planning-only"]
+    return to_run_config(cfg)
+
+
+def _memory_utilization(vllm_args: list[str]) -> float:
+    if "--gpu-memory-utilization" in vllm_args:
+        return float(vllm_args[vllm_args.index("--gpu-memory-utilization") + 1])
+    return 0.9
+
+
+def make_plan(args) -> dict:
+    for name in ("nodes", "gpus_per_node"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1.")
+    if not args.hf and not args.preset:
+        raise ValueError("give the model: --hf DIR (an HF config.json) or --preset NAME.")
+    preset = args.preset or "apriel_15b"
+    if not (CONF / f"{preset}.yaml").is_file():
+        raise ValueError(f"no preset {preset!r}; choose one of {sorted(p.stem for p in CONF.glob('*.yaml'))}.")
+    model_dir = _model_dir(args)
+    arch = ModelArch.from_hf_dir(model_dir)
+    run = load_run(preset, model_dir, args.override)
+    arch.check_sequence_length(run.trainer.seq_len)
+    trainer_nodes = args.trainer_nodes or max(1, args.nodes // 2)
+    if not 1 <= trainer_nodes < args.nodes:
+        raise ValueError(f"--trainer-nodes={trainer_nodes} leaves no node for vLLM out of --nodes={args.nodes}; "
+                         "give more nodes or fewer trainer nodes.")
+    if not run.optim.distributed_optimizer:
+        raise ValueError("the planner sizes Megatron's distributed optimizer; set optim.distributed_optimizer=true.")
+    settings = TrainerSettings(seq_len=run.trainer.seq_len, param_bytes=4 if run.model.precision == "fp32" else 2,
+                               sequence_parallel=run.parallel.sequence_parallel,
+                               vocab_divisible_by=run.model.make_vocab_size_divisible_by)
+    usable = args.gpu_memory_gb - args.headroom_gb
+    trainer_gpus = trainer_nodes * args.gpus_per_node
+    layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)
+    best = recommend(layouts)
+    fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
+                       gpu_memory_gib=args.gpu_memory_gb, memory_utilization=_memory_utilization(run.fleet.vllm_args),
+                       seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
+    pp = best[0].pp if best else 1
+    update = stage_update_bytes(arch, pp)
+    seconds = [b * 8 / (args.bandwidth_gbps * 1e9) for b in update]
+    return {
+        "model": {"dir": str(model_dir), "family": arch.family, "parameters": parameter_count(arch),
+                  "bf16_weights_gib": weights_bytes(arch) / 2**30, "layers": arch.num_layers},
+        "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gib": args.gpu_memory_gb,
+                    "usable_gib": usable, "trainer_nodes": trainer_nodes, "fleet_nodes": args.nodes - trainer_nodes},
+        "run": {"preset": preset, "seq_len": run.trainer.seq_len,
+                "param_bytes": settings.param_bytes, "sequence_parallel": settings.sequence_parallel,
+                "group_size": run.rollout.group_size,
+                "sequences_in_flight": run.actor.max_in_flight * run.rollout.group_size},
+        "layouts": [lay.to_dict() for lay in layouts],
+        "recommended": None if best is None else {"tp": best[0].tp, "pp": best[0].pp, "dp": best[0].dp,
+                                                   "recompute": best[1], "total_gib": best[0].total_gib[best[1]]},
+        "fleet": fleet.to_dict(),
+        "weight_update": {"pp": pp, "bytes_per_stage": update, "seconds_per_stage": seconds,
+                          "bandwidth_gbps": args.bandwidth_gbps},
+        "estimates": ["activations", "logits"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        plan = make_plan(args)
+    except (ValueError, FileNotFoundError) as e:
+        parser.exit(2, f"apriel-plan: error: {e}\n")
+    print(json.dumps(plan, indent=2) if args.json else render_text(plan))
+    return 0 if plan["recommended"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""An ESTIMATE of the activation bytes one micro-batch keeps for backward on one rank.
+
+Counted per decoder layer from the tensors its autograd graph saves (``s`` tokens per
+micro-batch, ``B`` bytes per element, TP size ``t``; with sequence parallelism the per-token
+tensors outside attention and the MLP are split over ``t`` as well). ``kernels`` says whose:
+
+- ``local`` (Megatron's local spec: the CPU path). Each torch RMSNorm keeps its input, the
+  normalised input and an fp32 ``1/rms``; each linear its input (qkv and fc1 the norm output,
+  proj the attention output ``nq*d/t``, fc2 the SwiGLU output ``f/t``); SwiGLU the fc1 output
+  (``2f/t``), ``silu(gate)`` and a product (``f/t`` each); RoPE its cos and sin for q and k. The
+  unfused attention keeps contiguous q and k at ``nq`` heads, v (repeated to ``nq`` heads for GQA,
+  else a view that keeps the whole qkv output), a bool causal mask (``s`` per token) and the
+  softmax (``nq/t * s`` per token, fp32 when the model is 16-bit);
+- ``te`` (Transformer Engine on GPU: fused norm+linear, fused RoPE, flash attention). The norm
+  keeps its input and ``1/rms`` (its output is the linear's input); attention keeps rotated q and
+  k, the qkv output (v is a view of it) and an fp32 log-sum-exp per head; no ``s^2`` term;
+- the head: the final norm and output-layer inputs, and for the log-prob the fp32 softmax over
+  the local vocabulary; at its peak the logits and their fp32 copy coexist with it.
+
+Recomputation: ``selective`` re-runs core attention (only rotated q, k and the qkv output are
+kept); ``full`` keeps each layer's input and rebuilds one layer at a time in backward. This is
+an estimate: allocator rounding, backward temporaries and communication buffers are not
+counted. Tests compare it with the saved tensors of a real model on CPU (local, within 20%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_apriel.model.arch import ModelArch, padded_vocab_size
+
+FP32 = 4
+KERNELS = ("local", "te")
+RECOMPUTE = (None, "selective", "full")
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    tokens: int
+    """Tokens per micro-batch (``trainer.seq_len``: one packed row)."""
+    tp: int = 1
+    dtype_bytes: int = 2
+    sequence_parallel: bool = False
+    kernels: str = "te"
+    """te (Transformer Engine spec, flash attention) or local (Megatron's local spec, the CPU path)."""
+
+    def __post_init__(self) -> None:
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}.")
+
+
+def _attention(arch: ModelArch, a: ActivationShape, recompute: str | None) -> float:
+    """Per token: what attention keeps (RoPE included), in bytes."""
+    nq, nkv, d, t, s, B = arch.num_heads, arch.num_kv_heads, arch.head_dim, a.tp, a.tokens, a.dtype_bytes
+    qkv = (nq + 2 * nkv) * d // t
+    inputs = B * ((nq + nkv) * d // t + qkv)  # rotated q and k; v is a view keeping the qkv output
+    if a.kernels == "te":
+        return inputs + (0 if recompute == "selective" else FP32 * nq // t)
+    rope = 4 * B * d  # cos and sin, for q and for k
+    if recompute == "selective":
+        return rope + inputs
+    v = nq * d // t if nq != nkv else qkv
+    softmax = (nq // t) * s * (B + (FP32 if B != FP32 else 0))
+    return rope + B * (2 * nq * d // t + v) + softmax + s
+
+
+def layer_bytes(arch: ModelArch, a: ActivationShape, recompute: str | None = None) -> float:
+    """Bytes one decoder layer keeps for one micro-batch."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
+    h, f, t, B = arch.hidden_size, arch.ffn_hidden_size // a.tp, a.tp, a.dtype_bytes
+    split = t if a.sequence_parallel else 1
+    if recompute == "full":
+        return a.tokens * B * h / split
+    norm = (2 * B * h if a.kernels == "local" else B * h) + FP32  # input (+ normed input), 1/rms
+    linears = B * (2 * h / split + arch.num_heads * arch.head_dim // t + f)  # qkv, fc1, proj, fc2 inputs
+    swiglu = B * 4 * f
+    attention = _attention(arch, a, recompute)
+    return a.tokens * (2 * norm / split + linears + swiglu + attention)
+
+
+def head_bytes(arch: ModelArch, a: ActivationShape, vocab_divisible_by: int = 128) -> dict[str, float]:
+    """The last stage's head: what it keeps for backward, and its transient peak."""
+    v_local = padded_vocab_size(arch.vocab_size, a.tp, vocab_divisible_by) // a.tp
+    split = a.tp if a.sequence_parallel else 1
+    kept = a.tokens * (2 * a.dtype_bytes * arch.hidden_size / split + FP32 / split + FP32 * v_local + 9)
+    logits = a.tokens * v_local * (a.dtype_bytes + (FP32 if a.dtype_bytes != FP32 else 0))
+    return {"kept": kept, "peak_extra": logits}
+
+
+def stage_activation_bytes(arch: ModelArch, a: ActivationShape, *, pp: int, stage: int,
+                           recompute: str | None) -> float:
+    """Activations held on ``stage`` at the 1F1B peak: ``pp - stage`` micro-batches in flight."""
+    layers = arch.num_layers // pp
+    per_mb = layers * layer_bytes(arch, a, recompute)
+    held = (pp - stage) * per_mb
+    if recompute == "full":  # backward rebuilds one layer at a time
+        held += layer_bytes(arch, a, None)
+    return held

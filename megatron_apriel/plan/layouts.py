@@ -1,0 +1,108 @@
+"""Every valid trainer layout for a model and a cluster, its memory per GPU, and a recommendation.
+
+Per GPU and pipeline stage: weights, gradients and distributed-optimizer state are exact (see
+:mod:`.buffers`; the worst data-parallel rank); activations are an estimate (see
+:mod:`.activations`) for one packed row of ``seq_len`` tokens per micro-batch, with ``pp - stage``
+micro-batches in flight under 1F1B; the last stage adds the log-prob head. A layout fits with a
+recomputation setting when every stage's total stays under the usable memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.plan.activations import ActivationShape, head_bytes, stage_activation_bytes
+from megatron_apriel.plan.buffers import worst_rank_state
+from megatron_apriel.plan.params import StageShape
+
+GIB = 2 ** 30
+RECOMPUTE_ORDER = (None, "selective", "full")
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What the run config decides about the trainer's memory."""
+
+    seq_len: int
+    param_bytes: int = 2
+    """2 for bf16 weights (the GPU path), 4 for fp32."""
+    sequence_parallel: bool = True
+    """Applied to layouts with tp > 1."""
+    spec: str = "transformer_engine"
+    kernels: str = "te"
+    vocab_divisible_by: int = 128
+
+
+@dataclass
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    weights_gib: float = 0.0
+    grads_gib: float = 0.0
+    optimizer_gib: float = 0.0
+    activations_gib: dict = field(default_factory=dict)
+    """Recompute setting (none / selective / full) -> activations of the worst stage (estimate)."""
+    logits_gib: float = 0.0
+    """The last stage's log-prob head at its peak (estimate)."""
+    total_gib: dict = field(default_factory=dict)
+    """Recompute setting -> the worst stage's total."""
+    fits: list = field(default_factory=list)
+    """Recompute settings under which every stage fits."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _key(recompute) -> str:
+    return recompute or "none"
+
+
+def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int) -> list[tuple[int, int, int]]:
+    """(tp, pp, dp) with tp inside a node dividing the heads, KV heads and MLP, pp dividing the layers."""
+    out = []
+    for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node):
+        if arch.num_heads % tp or arch.num_kv_heads % tp or arch.ffn_hidden_size % tp:
+            continue
+        for pp in range(1, arch.num_layers + 1):
+            if arch.num_layers % pp == 0 and gpus % (tp * pp) == 0:
+                out.append((tp, pp, gpus // (tp * pp)))
+    return out
+
+
+def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, usable_gib: float) -> Layout:
+    act = ActivationShape(tokens=s.seq_len, tp=tp, dtype_bytes=s.param_bytes,
+                          sequence_parallel=s.sequence_parallel and tp > 1, kernels=s.kernels)
+    head = head_bytes(arch, act, s.vocab_divisible_by)
+    layout = Layout(tp, pp, dp, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
+    stages = sorted({0, pp // 2, pp - 1})  # the middle stages are alike
+    states = {st: worst_rank_state(arch, StageShape(tp, pp, st, s.spec, s.vocab_divisible_by), dp, s.param_bytes)
+              for st in stages}
+    worst = max(states.values(), key=lambda x: x.total)
+    layout.weights_gib, layout.grads_gib, layout.optimizer_gib = (worst.weights / GIB, worst.grads / GIB,
+                                                                  worst.optimizer / GIB)
+    for rec in RECOMPUTE_ORDER:
+        per_stage = {st: stage_activation_bytes(arch, act, pp=pp, stage=st, recompute=rec) for st in stages}
+        totals = {st: states[st].total + per_stage[st] + (head["kept"] + head["peak_extra"] if st == pp - 1 else 0)
+                  for st in stages}
+        layout.activations_gib[_key(rec)] = max(per_stage.values()) / GIB
+        layout.total_gib[_key(rec)] = max(totals.values()) / GIB
+        if layout.total_gib[_key(rec)] <= usable_gib:
+            layout.fits.append(_key(rec))
+    return layout
+
+
+def plan_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, s: TrainerSettings, usable_gib: float) -> list[Layout]:
+    return [size_layout(arch, tp, pp, dp, s, usable_gib) for tp, pp, dp in candidate_layouts(arch, gpus, gpus_per_node)]
+
+
+def recommend(layouts: list[Layout]) -> tuple[Layout, str] | None:
+    """The fitting layout with the least recomputation, then the most data parallelism, then the
+    fewest pipeline stages (fewer bubbles); None when nothing fits."""
+    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.tp * lay.pp, lay.pp, lay.tp, rec, i)
+               for i, lay in enumerate(layouts) for rec in lay.fits[:1]]
+    if not options:
+        return None
+    best = min(options)
+    return layouts[best[-1]], best[-2]

@@ -1,0 +1,65 @@
+"""The planner's activation estimate against the tensors a real model saves for backward (CPU).
+
+Measured: the distinct storages (parameters excluded) that autograd keeps while a packed
+micro-batch goes through our Megatron GPTModel (local spec, one rank) and the trainer's
+log-prob, read with ``torch.autograd.graph.saved_tensors_hooks``. The estimate must be within
+20% for several shapes, precisions and recomputation settings.
+"""
+
+import pytest
+import torch
+
+from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.parallel.rendezvous import single_process_world
+from megatron_apriel.plan.activations import ActivationShape, head_bytes, layer_bytes
+from megatron_apriel.rollout.types import TrainSample
+from megatron_apriel.trainer.batch import packed_microbatches
+from megatron_apriel.trainer.step import forward_logits, token_logprobs
+
+ARCHS = {
+    "gqa": ModelArch(family="llama", vocab_size=500, hidden_size=64, ffn_hidden_size=176, num_layers=3, num_heads=8,
+                     num_kv_heads=2, head_dim=16),
+    "mha_bias": ModelArch(family="qwen2", vocab_size=300, hidden_size=96, ffn_hidden_size=256, num_layers=2,
+                          num_heads=4, num_kv_heads=4, head_dim=24, qkv_bias=True),
+}
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    with single_process_world() as ctx:
+        yield ctx
+
+
+def _saved_bytes(model, ctx, arch: ModelArch, tokens: int) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [tokens // 2, tokens // 4, tokens - tokens // 2 - tokens // 4]
+    samples = [TrainSample(torch.randint(0, arch.vocab_size, (n,), generator=g).tolist(), 2, [-1.0] * (n - 2), 1.0)
+               for n in lengths]
+    (mb,) = packed_microbatches(samples, [0, 1, 2], tokens)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = forward_logits(model, mb)
+        logp, _ = token_logprobs(logits, mb, ctx, arch.vocab_size, 1.0)
+    logp.sum().backward()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", sorted(ARCHS))
+@pytest.mark.parametrize("tokens", [64, 256])
+@pytest.mark.parametrize("precision, recompute", [("fp32", None), ("fp32", "full"),
+                                                  ("fp32", "selective")])
+def test_activation_estimate_within_20_percent(ctx, name, tokens, precision, recompute):
+    arch = ARCHS[name]
+    model = build_model(ModelConfig(arch=arch, precision=precision, recompute=recompute), ctx)
+    measured = _saved_bytes(model, ctx, arch, tokens)
+    shape = ActivationShape(tokens=tokens, dtype_bytes=4 if precision == "fp32" else 2, kernels="local")
+    estimate = arch.num_layers * layer_bytes(arch, shape, recompute) + head_bytes(arch, shape)["kept"]
+    assert abs(estimate - measured) <= 0.2 * measured, f"estimate {estimate:.0f} B, measured {measured} B"
