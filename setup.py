@@ -42,6 +42,7 @@ setup(
             "apriel-train=megatron_apriel.entrypoints.train:main",
             "apriel-convert=megatron_apriel.entrypoints.convert:main",
             "apriel-serve=megatron_apriel.entrypoints.serve:main",
+            "apriel-submit=megatron_apriel.entrypoints.submit:main",
         ],
     },
 )
