@@ -13,7 +13,8 @@ it from the same ``--config-name`` and overrides as the trainer and the actor:
 - ``serve`` (one task per server): server ``SLURM_LOCALID`` of this node listens on
   ``APRIEL_SERVER_PORT + SLURM_LOCALID``, registers under this node's address (``APRIEL_NODE_ADDRS``
   maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs;
-  then this process becomes ``apriel-serve`` (exec) with the run's vLLM flags.
+  then runs ``apriel-serve`` with the run's vLLM flags under ``slurm.supervise`` (nothing the server
+  starts outlives the task, even when the server is killed).
 - ``export``: the newest checkpoint to ``run_dir/hf`` (``launch.export_hf``).
 """
 
@@ -77,7 +78,7 @@ def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible:
     return ",".join(devices[local_id * per:(local_id + 1) * per])
 
 
-def serve(run) -> None:
+def serve(run) -> int:
     from megatron_apriel.entrypoints.launch import vllm_args
     from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
 
@@ -93,7 +94,9 @@ def serve(run) -> None:
                         register_dir=Path(run.run_dir) / FLEET_DIR) + ["--advertise-host", addr]
     print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
           + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
-    os.execvpe(cmd[0], cmd, child_env)
+    from megatron_apriel.slurm.supervise import supervise
+
+    return supervise(cmd, child_env)  # the server, and nothing it started, ends with this task
 
 
 def export(run) -> None:
@@ -110,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     try:
         run, _ = compose_run(args.config_name, overrides, args.config_dir)
-        {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run), "export": lambda: export(run)}[args.step]()
+        code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run), "export": lambda: export(run)}[args.step]()
     except (ValueError, FileNotFoundError) as err:
         print(f"job_step {args.step}: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
