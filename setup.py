@@ -43,6 +43,7 @@ setup(
             "apriel-convert=megatron_apriel.entrypoints.convert:main",
             "apriel-serve=megatron_apriel.entrypoints.serve:main",
             "apriel-plan=megatron_apriel.entrypoints.plan:main",
+            "apriel-submit=megatron_apriel.entrypoints.submit:main",
         ],
     },
 )

@@ -24,6 +24,7 @@ from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.actor import ActorConfig
 from megatron_apriel.rollout.fleet import FleetConfig
 from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.slurm.config import SlurmConfig
 from megatron_apriel.testing.tiny_task import TinyBaseConfig
 from megatron_apriel.trainer.checkpoint import CheckpointConfig
 from megatron_apriel.trainer.loss import LossConfig
@@ -88,6 +89,8 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     tiny_base: TinyBaseConfig = field(default_factory=TinyBaseConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Where apriel-submit runs the config on a SLURM cluster (ignored by apriel-train)."""
 
     def __post_init__(self) -> None:
         if self.tiny_base.enabled:

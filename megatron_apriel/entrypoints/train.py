@@ -2,9 +2,12 @@
 
 One CPU machine, the tiny recipe (vLLM server, actor and 2 trainer ranks, all started here):
     apriel-train --config-name tiny_cpu
-Under torchrun or srun (RANK/WORLD_SIZE set), each rank runs the trainer directly; the servers
-and the actor run elsewhere (``apriel-serve``, ``python -m megatron_apriel.entrypoints.actor``):
+Under torchrun (RANK set) or srun (one task per rank, MASTER_ADDR/MASTER_PORT exported; SLURM's
+task variables are mapped by ``parallel.launcher_env``), each rank runs the trainer directly; the
+servers and the actor run elsewhere (``apriel-serve``, ``python -m megatron_apriel.entrypoints.actor``):
     torchrun --nproc_per_node 8 -m megatron_apriel.entrypoints.train --config-name apriel_15b model.hf_path=...
+    MASTER_ADDR=node1 MASTER_PORT=29500 srun -N4 --ntasks-per-node 8 python -m megatron_apriel.entrypoints.train ...
+(``slurm/train.sbatch`` and ``apriel-submit`` do the second for you.)
 Any key can be overridden on the command line (``optim.lr=1e-6 parallel.tp=2``).
 
 This module is the trainer's composition root: it builds the model stage, the optimizer, the
@@ -107,15 +110,36 @@ def build_trainer(run: RunConfig, ctx):
     return Trainer(run, ctx, parts, source, logger, sender)
 
 
+class _EarlyStop:
+    """SIGTERM/SIGUSR1 before the `Trainer` exists (loading, building the model) must not kill the
+    rank: SLURM's ``--signal`` may come during start-up. Remembered and handed to the trainer."""
+
+    def __init__(self):
+        import signal
+
+        from megatron_apriel.trainer.trainer import STOP_SIGNALS
+
+        self.fired = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.fired = True
+
+
 def run_trainer(run: RunConfig, raw: DictConfig) -> None:
     from megatron_apriel.parallel.groups import destroy_parallel, init_parallel
 
+    early = _EarlyStop()
     ctx = init_parallel(run.parallel, seed=run.seed)
     try:
         if ctx.rank == 0:
             Path(run.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run.run_dir) / "config.yaml").write_text(OmegaConf.to_yaml(raw))
         trainer = build_trainer(run, ctx)
+        if early.fired:
+            log.warning("stop signal received during start-up: the trainer stops after its first step")
+            trainer.stop_requested = True
         try:
             history = trainer.run()
         finally:
@@ -128,9 +152,14 @@ def run_trainer(run: RunConfig, raw: DictConfig) -> None:
 
 @hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
 def _main(cfg: DictConfig) -> None:
+    from megatron_apriel.parallel.launcher_env import trainer_rank_env
+
+    rank_env = trainer_rank_env(os.environ)
+    if rank_env is not None:  # a trainer rank under torchrun / srun
+        os.environ.update(rank_env)
     setup_logging()
     run = to_run_config(cfg)
-    if "RANK" in os.environ:  # a trainer rank under torchrun / srun
+    if rank_env is not None:
         run_trainer(run, cfg)
         return
     from megatron_apriel.entrypoints.launch import launch

@@ -1,0 +1,124 @@
+"""The steps of the SLURM job (``slurm/train.sbatch``) that need the run's config; each composes
+it from the same ``--config-name`` and overrides as the trainer and the actor:
+
+    python -m megatron_apriel.entrypoints.job_step prepare --facts FILE --train-nodes 4 --train-tasks-per-node 8 \\
+        --rollout-nodes 4 --servers-per-node 8 --config-name apriel_15b [overrides]
+    python -m megatron_apriel.entrypoints.job_step serve --config-name apriel_15b [overrides]      # one srun task per server
+    python -m megatron_apriel.entrypoints.job_step export --config-name apriel_15b [overrides]
+
+- ``prepare`` (once per attempt, before anything starts): the allocation against the config, the
+  launcher's own input checks (data rows, budgets) and the tiny base model when the config builds
+  one (``tiny_base.enabled``); removes the fleet registrations an earlier attempt left; writes
+  the facts the job script needs (``APRIEL_STEPS``) as shell assignments into ``--facts``.
+- ``serve`` (one task per server): server ``SLURM_LOCALID`` of this node listens on
+  ``APRIEL_SERVER_PORT + SLURM_LOCALID``, registers under this node's address (``APRIEL_NODE_ADDRS``
+  maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs;
+  then runs ``apriel-serve`` with the run's vLLM flags under ``slurm.supervise`` (nothing the server
+  starts outlives the task, even when the server is killed).
+- ``export``: the newest checkpoint to ``run_dir/hf`` (``launch.export_hf``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from megatron_apriel.slurm.compose import compose_run
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m megatron_apriel.entrypoints.job_step", description=__doc__.split("\n")[0])
+    p.add_argument("step", choices=["prepare", "serve", "export"])
+    p.add_argument("--config-name", required=True)
+    p.add_argument("--config-dir", default=None)
+    p.add_argument("--facts", default=None, help="prepare: write the job's facts here (shell assignments)")
+    for name in ("train-nodes", "train-tasks-per-node", "rollout-nodes", "servers-per-node"):
+        p.add_argument(f"--{name}", type=int, default=None, help="prepare: what the allocation holds")
+    return p
+
+
+def prepare(run, args) -> None:
+    from megatron_apriel.entrypoints.launch import preflight
+    from megatron_apriel.rollout.fleet import FLEET_DIR
+    from megatron_apriel.slurm.layout import check_allocation
+
+    missing = [n for n in ("facts", "train_nodes", "train_tasks_per_node", "rollout_nodes", "servers_per_node")
+               if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"prepare needs --{' --'.join(m.replace('_', '-') for m in missing)}.")
+    layout = check_allocation(run, args.train_nodes, args.train_tasks_per_node, args.rollout_nodes,
+                              args.servers_per_node)
+    preflight(run)
+    stale = list((Path(run.run_dir) / FLEET_DIR).glob("*.json"))
+    for reg in stale:  # servers of an earlier attempt: dead, and their URLs may be reused
+        reg.unlink()
+    facts = {"APRIEL_STEPS": run.trainer.steps, "APRIEL_NUM_SERVERS": layout.num_servers}
+    Path(args.facts).write_text("".join(f"{k}={v}\n" for k, v in facts.items()))
+    print(f"prepare: allocation matches the config ({layout.train_nodes} x {layout.train_tasks_per_node} trainer "
+          f"ranks, {layout.rollout_nodes} x {layout.servers_per_node} servers); inputs checked; "
+          f"{len(stale)} stale fleet registration(s) removed", flush=True)
+
+
+def node_address(addrs: str, node: str) -> str:
+    """``node``'s address in ``APRIEL_NODE_ADDRS`` ("n1=10.0.0.1 n2=10.0.0.2")."""
+    table = dict(pair.split("=", 1) for pair in addrs.split())
+    if node not in table:
+        raise ValueError(f"node {node} is not in APRIEL_NODE_ADDRS={addrs!r} (set by slurm/train.sbatch).")
+    return table[node]
+
+
+def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES of server ``local_id`` of its node: an equal, disjoint share."""
+    devices = visible.split(",") if visible else [str(i) for i in range(gpus_per_node)]
+    per = len(devices) // servers_per_node
+    if per < 1:
+        raise ValueError(f"{servers_per_node} servers per node but only {len(devices)} GPUs visible ({devices}).")
+    return ",".join(devices[local_id * per:(local_id + 1) * per])
+
+
+def serve(run) -> int:
+    from megatron_apriel.entrypoints.launch import vllm_args
+    from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
+
+    env = os.environ
+    local = int(env["SLURM_LOCALID"])
+    port = int(env["APRIEL_SERVER_PORT"]) + local
+    addr = node_address(env["APRIEL_NODE_ADDRS"], env["SLURMD_NODENAME"])
+    gpus, per_node = int(env.get("APRIEL_GPUS_PER_NODE", "0")), int(env["APRIEL_SERVERS_PER_NODE"])
+    child_env = dict(env)
+    if gpus:
+        child_env["CUDA_VISIBLE_DEVICES"] = gpu_slice(local, per_node, gpus, env.get("CUDA_VISIBLE_DEVICES"))
+    cmd = serve_command(run.model.hf_path, port, "0.0.0.0", vllm_args(run),
+                        register_dir=Path(run.run_dir) / FLEET_DIR) + ["--advertise-host", addr]
+    print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
+          + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
+    from megatron_apriel.slurm.supervise import supervise
+
+    return supervise(cmd, child_env)  # the server, and nothing it started, ends with this task
+
+
+def export(run) -> None:
+    from megatron_apriel.entrypoints.launch import export_hf
+
+    if not run.launch.export_hf:
+        print("export: launch.export_hf=false, nothing to do")
+        return
+    out = export_hf(run)
+    print(f"export: {'wrote ' + str(out) if out else 'no checkpoint to export'}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = _parser().parse_known_args(argv)
+    try:
+        run, _ = compose_run(args.config_name, overrides, args.config_dir)
+        code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run), "export": lambda: export(run)}[args.step]()
+    except (ValueError, FileNotFoundError) as err:
+        print(f"job_step {args.step}: error: {err}", file=sys.stderr)
+        return 2
+    return code or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

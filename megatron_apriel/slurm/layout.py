@@ -1,0 +1,109 @@
+"""The SLURM job a run needs (trainer nodes, rollout nodes, servers and GPUs per node), derived
+from its config and checked against it before submission and again inside the job (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron_apriel.config import RunConfig
+from megatron_apriel.parallel.dims import ParallelDims
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    train_nodes: int
+    train_tasks_per_node: int
+    rollout_nodes: int
+    servers_per_node: int
+    gpus_per_node: int
+    """0 on CPU nodes."""
+    vllm_tp: int
+
+    @property
+    def total_nodes(self) -> int:
+        return self.train_nodes + self.rollout_nodes
+
+    @property
+    def num_servers(self) -> int:
+        return self.rollout_nodes * self.servers_per_node
+
+
+def vllm_tensor_parallel(vllm_args: list[str]) -> int:
+    """The servers' ``--tensor-parallel-size`` (``-tp``) from ``fleet.vllm_args``; 1 when absent."""
+    for i, a in enumerate(vllm_args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if a == flag and i + 1 < len(vllm_args):
+                return int(vllm_args[i + 1])
+            if a.startswith(flag + "="):
+                return int(a.split("=", 1)[1])
+    return 1
+
+
+def _check_run(run: RunConfig) -> None:
+    """What any SLURM job of ours needs from the run, whatever the nodes."""
+    if run.rollout.source != "fleet":
+        raise ValueError(f"rollout.source={run.rollout.source}: the SLURM job runs the vLLM fleet and the actor; "
+                         "for the trainer alone run `srun ... python -m megatron_apriel.entrypoints.train` directly.")
+    if run.fleet.servers:
+        raise ValueError(f"fleet.servers={run.fleet.servers}: the SLURM job starts its own fleet; leave fleet.servers "
+                         "empty and set fleet.num_servers.")
+    if not run.checkpoint.save_at_end:
+        raise ValueError("checkpoint.save_at_end=false: the job tells a finished run from a stopped one by its last "
+                         "checkpoint; set checkpoint.save_at_end=true.")
+
+
+def job_layout(run: RunConfig) -> JobLayout:
+    """The layout ``run`` needs on ``run.slurm``'s nodes, or a ValueError naming the key to change."""
+    _check_run(run)
+    s = run.slurm
+    tp, pp, ranks = run.parallel.tp, run.parallel.pp, run.launch.nproc_per_node
+    vllm_tp = vllm_tensor_parallel(run.fleet.vllm_args)
+    if s.gpus_per_node:
+        world = run.launch.nnodes * s.gpus_per_node
+        if world % (tp * pp):
+            raise ValueError(f"launch.nnodes={run.launch.nnodes} x slurm.gpus_per_node={s.gpus_per_node} = {world} "
+                             f"trainer GPUs is not a multiple of parallel.tp x parallel.pp = {tp} x {pp}: use a "
+                             f"multiple of {tp * pp} GPUs (launch.nnodes) or change parallel.tp / parallel.pp.")
+        if ranks != s.gpus_per_node:
+            raise ValueError(f"launch.nproc_per_node={ranks} trainer ranks per node but slurm.gpus_per_node="
+                             f"{s.gpus_per_node}: one rank per GPU, set launch.nproc_per_node={s.gpus_per_node}.")
+        if tp > s.gpus_per_node or s.gpus_per_node % tp:
+            raise ValueError(f"parallel.tp={tp} must divide slurm.gpus_per_node={s.gpus_per_node} (tensor parallelism "
+                             "stays inside a node): choose tp among its divisors.")
+        if vllm_tp > s.gpus_per_node or s.gpus_per_node % vllm_tp:
+            raise ValueError(f"the servers' --tensor-parallel-size {vllm_tp} must divide slurm.gpus_per_node="
+                             f"{s.gpus_per_node}; change it in fleet.vllm_args.")
+        per_node = s.servers_per_node or s.gpus_per_node // vllm_tp
+        if per_node * vllm_tp > s.gpus_per_node:
+            raise ValueError(f"slurm.servers_per_node={per_node} servers x --tensor-parallel-size {vllm_tp} need "
+                             f"{per_node * vllm_tp} GPUs per node, the nodes have {s.gpus_per_node}; lower one of them.")
+    else:
+        per_node = s.servers_per_node
+    if run.fleet.num_servers % per_node:
+        lo = run.fleet.num_servers // per_node * per_node
+        raise ValueError(f"fleet.num_servers={run.fleet.num_servers} does not fill whole rollout nodes of {per_node} "
+                         f"servers: use {f'{lo} or ' if lo else ''}{lo + per_node}, or change slurm.servers_per_node.")
+    ParallelDims.resolve(run.parallel, run.launch.nnodes * ranks)  # raises with the fix
+    return JobLayout(train_nodes=run.launch.nnodes, train_tasks_per_node=ranks,
+                     rollout_nodes=run.fleet.num_servers // per_node, servers_per_node=per_node,
+                     gpus_per_node=s.gpus_per_node, vllm_tp=vllm_tp)
+
+
+def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int, rollout_nodes: int,
+                     servers_per_node: int) -> JobLayout:
+    """Inside the job: the allocation SLURM gave (and the script's servers per node) against the
+    config's trainer and fleet sizes; a ValueError that says which side to change. Independent of
+    ``slurm.*``, so a job submitted by hand needs only its resources and APRIEL_* variables right."""
+    _check_run(run)
+    l = run.launch
+    if (train_nodes, train_tasks_per_node) != (l.nnodes, l.nproc_per_node) or \
+            rollout_nodes * servers_per_node != run.fleet.num_servers:
+        raise ValueError(
+            f"this job has {train_nodes} trainer node(s) x {train_tasks_per_node} rank(s) and {rollout_nodes} rollout "
+            f"node(s) x {servers_per_node} server(s); the config has launch.nnodes={l.nnodes} x launch.nproc_per_node="
+            f"{l.nproc_per_node} trainer ranks and fleet.num_servers={run.fleet.num_servers}. Submit with apriel-submit, "
+            "or make the sbatch resources and the APRIEL_* variables match the config."
+        )
+    ParallelDims.resolve(run.parallel, train_nodes * train_tasks_per_node)
+    return JobLayout(train_nodes, train_tasks_per_node, rollout_nodes, servers_per_node, run.slurm.gpus_per_node,
+                     vllm_tensor_parallel(run.fleet.vllm_args))

@@ -1,0 +1,130 @@
+"""A real SLURM on this machine (tools/setup_slurm.sh: munge, slurmctld, two virtual nodes n1 n2 on
+127.0.0.1) for every test marked ``slurm``, and helpers to submit the shipped scripts and watch
+the jobs. Setting SLURM up needs root: the tests skip without it, and fail under CI instead."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.ci import skip_or_fail
+from tests.unit.conftest import launcher_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slurm: submits jobs to a real local SLURM (tools/setup_slurm.sh, needs root)")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        skip_or_fail(f"the SLURM tests start slurmctld/slurmd and need root, this runs as uid {os.geteuid()}")
+    proc = subprocess.run(["bash", str(REPO / "tools" / "setup_slurm.sh")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"tools/setup_slurm.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    return True
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory):
+    """The tiny run's warm-started base, built once and copied into each run directory (the job's
+    prepare step finds it ready and skips the build)."""
+    from megatron_apriel.testing.tiny_task import TinyBaseConfig, build_warm_base
+
+    return build_warm_base(tmp_path_factory.mktemp("tiny") / "base", TinyBaseConfig())
+
+
+def new_run_dir(parent: Path, tiny_base: Path) -> Path:
+    run = parent / "run"
+    shutil.copytree(tiny_base, run / "base")
+    return run
+
+
+def job_env(**extra: str) -> dict:
+    """A user's shell (no rendezvous variables), this checkout importable on the nodes, and every
+    path shared: the two virtual nodes are one machine."""
+    env = launcher_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["APRIEL_SHARED_ROOTS"] = "/"
+    env.update(extra)
+    return env
+
+
+def squeue_has(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], capture_output=True, text=True).stdout
+    return bool(out.strip())
+
+
+def job_field(job: str, key: str) -> str:
+    """``key`` of ``scontrol show job`` (kept for MinJobAge after the end)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+    for word in out.split("\n")[0].split():
+        if word.startswith(key + "="):
+            return word.split("=", 1)[1]
+    raise AssertionError(f"no {key} in scontrol show job {job}: {out}")
+
+
+def wait_gone(job: str, timeout_s: float, log: Path) -> float:
+    """Seconds until ``job`` has left the queue (pending, running or requeued)."""
+    t0 = time.monotonic()
+    while squeue_has(job):
+        if time.monotonic() - t0 > timeout_s:
+            subprocess.run(["scancel", job])
+            pytest.fail(f"job {job} still in the queue after {timeout_s}s; job log:\n{tail(log)}")
+        time.sleep(1)
+    return time.monotonic() - t0
+
+
+def wait_for(cond, timeout_s: float, what: str, job: str, log: Path) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if not squeue_has(job):
+            pytest.fail(f"job {job} ended while waiting for {what}; job log:\n{tail(log)}")
+        if time.monotonic() - t0 > timeout_s:
+            subprocess.run(["scancel", job])
+            pytest.fail(f"no {what} after {timeout_s}s; job log:\n{tail(log)}")
+        time.sleep(0.5)
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else f"({path} missing)"
+
+
+def component_ids(job: str) -> set[str]:
+    """The job ids of ``job``'s components (a hetjob has one per component)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+    return {w.split("=", 1)[1] for line in out.splitlines() for w in line.split() if w.startswith("JobId=")}
+
+
+def leftovers(run: Path, job: str) -> list[str]:
+    """Live processes of the job: any with one of its job ids in its environment (SLURM sets it in
+    every task, and children inherit it, including vLLM's renamed engine processes), or whose
+    command line names the run directory."""
+    ids, found = component_ids(job), []
+    assert ids, f"scontrol no longer knows job {job}"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+        except PermissionError:
+            continue  # not ours to read even as root (pid 1 of a container): not a job process either
+        if any(e.decode(errors="replace") in {f"SLURM_JOB_ID={i}" for i in ids} for e in environ) or str(run) in cmdline:
+            found.append(f"{proc.name} {cmdline}")
+    return found
+
+
+def submit_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megatron_apriel.entrypoints.submit", *args], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO)

@@ -1,0 +1,171 @@
+"""The tiny CPU run through the shipped slurm/train.sbatch on a real SLURM (two virtual nodes):
+
+- as a heterogeneous job submitted by apriel-submit, stopped by ``scancel --signal=USR1`` after
+  its first step: it checkpoints, requeues itself and the next attempt resumes from that
+  checkpoint and completes (every step trained once, no stream group trained twice);
+- as a plain job split by node count, submitted with plain ``sbatch`` and only the script's
+  documented variables: it completes with the loop's outputs;
+- a vLLM server killed inside a running job ends the whole job within the stated bound, the
+  job log names the server step, and no process of the job survives.
+
+One vLLM server and a few steps each: about a minute and a half per job on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import (REPO, job_env, job_field, leftovers, new_run_dir, submit_cli, tail, wait_for,
+                                  wait_gone)
+
+pytestmark = pytest.mark.slurm
+STOP_GRACE_S = 20  # tiny_cpu's slurm.stop_grace_s, checked below against the rendered script
+KILL_WAIT_S = 10  # tools/setup_slurm.sh's KillWait
+BOUND_S = STOP_GRACE_S + KILL_WAIT_S + 15
+"""A failed component ends the job within APRIEL_STOP_GRACE_S + KillWait + 15 s (the watchdog's
+SIGTERM grace, SLURM's SIGTERM->SIGKILL wait for the cancelled steps, polling and teardown)."""
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def submitted_job(out: str) -> str:
+    m = re.search(r"submitted job (\d+)", out)
+    assert m, out
+    return m.group(1)
+
+
+def assert_loop_outputs(run: Path, steps: int) -> None:
+    """What the local launcher leaves: config, final checkpoint (at the last step), the durable
+    stream, TensorBoard, one log per component and the Hugging Face export."""
+    assert (run / "config.yaml").is_file()
+    state = json.loads((run / "checkpoints" / f"step_{steps:08d}" / "state.json").read_text())
+    assert state["step"] == steps
+    assert any((run / "rollouts").iterdir()) and any((run / "tensorboard").iterdir())
+    for name in ("prepare", "server_0", "actor", "trainer", "export"):
+        assert (run / "logs" / f"{name}.log").stat().st_size > 0, name
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(run / "hf").num_hidden_layers >= 1
+    assert list((run / "hf").glob("*.safetensors"))
+
+
+def assert_each_step_once(run: Path, steps: int) -> list[dict]:
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(steps))
+    cursors = [int(r["rollout/cursor"]) for r in rows]
+    # step k trained the stream's groups [cursor_{k-1}, cursor_k): disjoint ranges, so nothing twice
+    assert all(a < b for a, b in zip(cursors, cursors[1:])), cursors
+    return rows
+
+
+def start_when_requeued(job: str, log: Path) -> None:
+    """SLURM holds a requeued batch job for about two minutes (Reason=BeginTime), harmless on a
+    cluster; here the test, as an administrator could, lets it start at once."""
+    def held() -> bool:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True, text=True).stdout
+        return "BeginTime" in out
+    wait_for(held, 600, "the requeued job", job, log)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+
+
+def test_hetjob_is_stopped_requeued_resumed_and_completes(slurm_cluster, tiny_base, tmp_path):
+    run, steps = new_run_dir(tmp_path, tiny_base), 4
+    proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}"], job_env())
+    assert proc.returncode == 0, proc.stderr
+    job = submitted_job(proc.stdout)
+    log = run / "slurm" / f"apriel-{job}.out"
+    assert str(log) in proc.stdout and "heterogeneous job" in proc.stdout
+    script = next((run / "slurm").glob("train.*.sbatch")).read_text()
+    assert f"APRIEL_STOP_GRACE_S={STOP_GRACE_S}" in script
+
+    wait_for(lambda: len(metrics(run)) >= 1, 600, "first step", job, log)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    start_when_requeued(job, log)
+    wait_gone(job, 900, log)
+
+    out = log.read_text()
+    assert job_field(job, "JobState") == "COMPLETED", tail(log)
+    assert job_field(job, "Restarts") == "1", tail(log)
+    assert "requeueing job" in out and f"job {job} attempt 1 (hetjob)" in out and "done:" in out
+    rows = assert_each_step_once(run, steps)
+    resumed = re.findall(r"resumed from \S+step_(\d+) at step (\d+)", (run / "logs" / "trainer.log").read_text())
+    assert len(resumed) == 1, "the requeued trainer did not resume from a checkpoint"
+    k = int(resumed[0][1])
+    assert 1 <= k < steps
+    saved = json.loads((run / "checkpoints" / f"step_{k:08d}" / "state.json").read_text())
+    assert saved["source"]["cursor"] == rows[k - 1]["rollout/cursor"]  # resumed where the stop left off
+    assert_loop_outputs(run, steps)
+    assert leftovers(run, job) == []
+
+
+def test_plain_job_by_hand_completes(slurm_cluster, tiny_base, tmp_path):
+    run, steps = new_run_dir(tmp_path, tiny_base), 2
+    env = job_env(APRIEL_PYTHON=sys.executable, APRIEL_CONFIG="tiny_cpu", APRIEL_OVERRIDES=f"trainer.steps={steps}",
+                  APRIEL_RUN_DIR=str(run), APRIEL_TRAIN_NODES="1", APRIEL_TRAIN_TASKS_PER_NODE="2",
+                  APRIEL_SERVERS_PER_NODE="1", APRIEL_GPUS_PER_NODE="0",
+                  APRIEL_ENV_FILE=str(REPO / "slurm" / "cluster.env"), APRIEL_STOP_GRACE_S=str(STOP_GRACE_S))
+    log = run / "job.out"
+    proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={log}",
+                           str(REPO / "slurm" / "train.sbatch")], capture_output=True, text=True, env=env, cwd=run.parent)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    wait_gone(job, 900, log)
+    out = log.read_text()
+    assert job_field(job, "JobState") == "COMPLETED", tail(log)
+    assert re.search(r"\(plain\): trainer on n1 .* fleet on n2", out), out[:2000]
+    assert_each_step_once(run, steps)
+    assert_loop_outputs(run, steps)
+    assert leftovers(run, job) == []
+    assert_convert_job_matches_the_export(run, steps)
+
+
+def assert_convert_job_matches_the_export(run: Path, steps: int) -> None:
+    """slurm/convert.sbatch on the final checkpoint gives the tensors of the job's own HF export."""
+    import torch
+    from safetensors.torch import load_file
+
+    out, log = run.parent / "converted", run.parent / "convert.out"
+    env = job_env(APRIEL_PYTHON=sys.executable, APRIEL_CONVERT="mcore-to-hf", APRIEL_OUT=str(out),
+                  APRIEL_SRC=str(run / "checkpoints" / f"step_{steps:08d}" / "dist"), APRIEL_HF_REFERENCE=str(run / "base"))
+    proc = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(REPO / "slurm" / "convert.sbatch")],
+                          capture_output=True, text=True, env=env, cwd=run.parent)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    wait_gone(job, 300, log)
+    assert job_field(job, "JobState") == "COMPLETED", tail(log)
+    ours = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    export = {k: v for f in sorted((run / "hf").glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert ours.keys() == export.keys() and all(torch.equal(ours[k], export[k]) for k in ours)
+
+
+def test_a_killed_server_ends_the_job(slurm_cluster, tiny_base, tmp_path):
+    run = new_run_dir(tmp_path, tiny_base)
+    proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", "trainer.steps=50", "slurm.hetjob=false"],
+                      job_env())
+    assert proc.returncode == 0, proc.stderr
+    job = submitted_job(proc.stdout)
+    log = run / "slurm" / f"apriel-{job}.out"
+    wait_for(lambda: len(metrics(run)) >= 1, 600, "first step", job, log)
+    [reg] = [json.loads(p.read_text()) for p in (run / "fleet").glob("*.json")]
+    os.kill(reg["pid"], signal.SIGKILL)  # the vLLM server, as the OOM killer would
+    t0 = time.monotonic()
+    wait_gone(job, 300, log)
+    took = time.monotonic() - t0
+    out = log.read_text()
+    assert took < BOUND_S, f"the job took {took:.0f}s to end after the server died (bound {BOUND_S}s):\n{tail(log)}"
+    assert "component servers exited with code" in out and "job failed" in out, tail(log)
+    assert str(run / "logs" / "server_0.log") in out  # its log's tail is shown
+    assert job_field(job, "JobState") == "FAILED"
+    assert leftovers(run, job) == []
