@@ -1,0 +1,95 @@
+"""The model under evaluation: which HF directory is served, and the ``apriel-serve`` fleet.
+
+A checkpoint is an HF model directory (``config.json`` + safetensors, e.g. a run's ``hf/``
+export), or one of our Megatron distributed checkpoints (``run_dir/checkpoints/step_N`` or its
+``dist/``), which is converted once into ``OUT/hf_converted`` (`convert.checkpoint.mcore_to_hf`;
+kept, so a resumed evaluation does not convert again). The conversion takes config, tokenizer
+and key layout from ``hf_reference``, by default the run's base model (``model.hf_path`` in
+``run_dir/config.yaml``, or ``run_dir/base`` for the tiny presets).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from megatron_apriel.rollout.fleet import ServerProcess, start_server
+
+CONVERTED = "hf_converted"
+
+
+def _dist_dir(path: Path) -> Optional[Path]:
+    for candidate in (path, path / "dist"):
+        if (candidate / "metadata.json").is_file():
+            return candidate
+    return None
+
+
+def run_base_model(dist: Path) -> Optional[Path]:
+    """The base model of the run a dist checkpoint belongs to (``RUN/checkpoints/step_N/dist``)."""
+    for run_dir in dist.parents:
+        config = run_dir / "config.yaml"
+        if (run_dir / "checkpoints").is_dir() and config.is_file():
+            from omegaconf import OmegaConf
+
+            hf_path = OmegaConf.select(OmegaConf.load(config), "model.hf_path")
+            if hf_path:
+                return Path(hf_path)
+            if (run_dir / "base" / "config.json").is_file():
+                return run_dir / "base"
+            return None
+    return None
+
+
+def resolve_checkpoint(checkpoint: str | Path, out_dir: Path, hf_reference: Optional[str | Path] = None) -> Path:
+    """The HF directory to serve for ``checkpoint`` (converting a dist checkpoint, see module doc)."""
+    path = Path(checkpoint)
+    if not path.exists():
+        raise ValueError(f"checkpoint {path}: no such directory.")
+    if (path / "config.json").is_file():
+        return path
+    dist = _dist_dir(path)
+    if dist is None:
+        raise ValueError(f"checkpoint {path} is neither an HF model directory (no config.json) nor a Megatron dist "
+                         "checkpoint (no metadata.json in it or in its dist/).")
+    target = out_dir / CONVERTED
+    source = target / "apriel_eval_source.json"
+    if target.exists():
+        recorded = json.loads(source.read_text()).get("dist") if source.is_file() else None
+        if recorded != str(dist.resolve()):
+            raise ValueError(f"{target} holds a conversion of {recorded}, not of {dist}; use another --out.")
+        return target
+    reference = Path(hf_reference) if hf_reference else run_base_model(dist)
+    if reference is None or not (reference / "config.json").is_file():
+        raise ValueError(f"checkpoint {dist} is a Megatron dist checkpoint and no HF reference was found for its "
+                         "config and tokenizer: pass --hf-reference BASE_MODEL_DIR.")
+    from megatron_apriel.convert.checkpoint import mcore_to_hf
+
+    print(f"[apriel-eval] converting {dist} to {target} (reference {reference})", flush=True)
+    mcore_to_hf(dist, target, hf_reference=reference, progress=False)
+    source.write_text(json.dumps({"dist": str(dist.resolve()), "hf_reference": str(reference)}))
+    return target
+
+
+@contextmanager
+def local_fleet(hf_dir: Path, count: int, log_dir: Path, vllm_args: list[str],
+                startup_timeout_s: float) -> Iterator[list[str]]:
+    """Start ``count`` ``apriel-serve`` processes of ``hf_dir``; yields their URLs; stops them all."""
+    from megatron_apriel.parallel.rendezvous import free_port
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    servers: list[ServerProcess] = []
+    try:
+        for i in range(count):
+            servers.append(start_server(str(hf_dir), free_port(), log_dir / f"server_{i}.log", extra_args=vllm_args))
+        for server in servers:
+            try:
+                server.wait_healthy(startup_timeout_s)
+            except (RuntimeError, TimeoutError) as err:
+                raise RuntimeError(f"checkpoint {hf_dir} failed to serve (log: {server.log_path}): {err}") from err
+        yield [s.url for s in servers]
+    finally:
+        for server in servers:
+            server.stop()
