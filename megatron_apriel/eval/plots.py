@@ -145,13 +145,14 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def training_curves_figure(run_dir: Path):
     scalars = read_scalars(Path(run_dir) / "tensorboard")
-    panels = (("domain/{d}/reward", "reward"), ("domain/{d}/length", "response length (tokens)"),
-              ("mix/{d}/realised", "domain share"))
+    panels = (("domain/{d}/reward", "reward", "reward per domain"),
+              ("domain/{d}/length", "response length (tokens)", "mean response length per domain"),
+              ("mix/{d}/realised", "domain share", "realised domain mix (dotted: target)"))
     fig, axes = _axes(3, f"training curves: {Path(run_dir).name}")
     domains = sorted({tag.split("/")[1] for tag in scalars if tag.startswith(("domain/", "mix/"))})
     if not domains:
         raise ValueError(f"{run_dir}/tensorboard has no domain/<d>/ or mix/<d>/ scalars (tags: {sorted(scalars)[:10]}).")
-    for ax, (pattern, ylabel) in zip(axes, panels):
+    for ax, (pattern, ylabel, title) in zip(axes, panels):
         for d in domains:
             series = scalars.get(pattern.format(d=d))
             if series:
@@ -159,7 +160,8 @@ def training_curves_figure(run_dir: Path):
                 target = scalars.get(f"mix/{d}/target") if pattern.startswith("mix/") else None
                 if target:
                     ax.plot([s for s, _ in target], [v for _, v in target], ":", color=line.get_color())
-        ax.set(xlabel="step", ylabel=ylabel)
+        ax.set(xlabel="step", ylabel=ylabel, title=title)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -107,7 +107,8 @@ async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: in
         try:
             (completion,) = await run.client.generate(prompt, run.cfg.sampling(seed), n=1)
         except ValueError as err:
-            raise ValueError(f"benchmark {run.name}, problem {problem.id}: {err}") from err
+            raise ValueError(f"benchmark {run.name}, problem {problem.id}: {err} (a prompt plus --max-tokens must fit "
+                             "the server's --max-model-len)") from err
     # Shielded: once generated, a sample is scored and written even if the evaluation is stopping.
     write = asyncio.ensure_future(_score_and_write(run, problem, prompt, index, seed, completion))
     writes.append(write)
