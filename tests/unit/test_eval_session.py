@@ -116,3 +116,25 @@ def test_a_rerun_with_other_settings_is_refused(tmp_path, pool):
     write_aime(spec.path, [(1, 1)])
     with pytest.raises(ValueError, match="benchmark aime was evaluated on .*another file"):
         check_manifest(tmp_path / "out", spec.path, CFG, [spec])
+
+
+def test_a_failure_in_a_later_benchmark_keeps_the_earlier_report(tmp_path, pool):
+    first = BenchmarkSpec("aime", "aime", write_aime(tmp_path / "aime.jsonl"), n=2)
+    second = BenchmarkSpec("more", "aime", write_aime(tmp_path / "more.jsonl", [(1, 1), (2, 3)]), n=2)
+    problems = {s.name: load_benchmark(s) for s in (first, second)}
+    fleet = SeededFleet(fail_after=6 * 2 + 1)
+    out = tmp_path / "out"
+
+    async def go():
+        client = FleetClient(["http://fake"], max_attempts=1, transport=httpx.MockTransport(fleet.handle))
+        try:
+            await run_benchmarks([first, second], problems, client, ByteTokenizer(), pool, CFG, out, "fake",
+                                 first.path, progress=False)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(ValueError, match="benchmark more, problem aime-.*the fleet is gone"):
+        asyncio.run(go())
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["benchmarks"]) == ["aime"] and report["benchmarks"]["aime"]["samples"] == 12
+    assert len((out / "samples" / "more.jsonl").read_text().splitlines()) == 1
