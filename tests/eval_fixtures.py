@@ -98,3 +98,11 @@ def write_all(d: Path) -> dict[str, Path]:
     d.mkdir(parents=True, exist_ok=True)
     return {"aime": write_aime(d / "aime.jsonl"), "gpqa": write_gpqa(d / "gpqa_diamond.csv"),
             "mmlu_pro": write_mmlu_pro(d / "mmlu_pro.parquet"), "livecodebench": write_lcb(d / "lcb.jsonl")}
+
+
+def write_demo(d: Path) -> dict[str, Path]:
+    """The README's example: every format's file, plus ``sums.jsonl``, all 25 sums of the tiny task
+    in AIME's format."""
+    files = write_all(d)
+    files["sums"] = write_aime(d / "sums.jsonl", [(a, b) for a in range(5) for b in range(5)])
+    return files

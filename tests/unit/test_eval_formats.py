@@ -151,3 +151,11 @@ def test_unknown_format_and_missing_file(tmp_path):
     empty = write_lcb(tmp_path / "lcb.jsonl")
     with pytest.raises(ValueError, match="holds no problem.*--lcb-start"):
         load("livecodebench", empty, lcb_start="2030-01-01", lcb_end="")
+
+
+def test_our_own_problem_files(files, tmp_path):
+    from megatron_apriel.data.datasets import write_problems
+
+    converted = load("gpqa", files["gpqa"])
+    write_problems(tmp_path / "gpqa.jsonl", converted)  # what tools/prepare_data.py gpqa writes
+    assert load("problems", tmp_path / "gpqa.jsonl") == converted
