@@ -75,8 +75,3 @@ def truncate_at_budget(token_ids: Sequence[int], finish_reason: str, budget: int
         return list(token_ids[:budget]), "length"
     return list(token_ids), finish_reason
 
-
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0

@@ -8,10 +8,11 @@ numbers of an uninterrupted one.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from typing import Sequence
 
-from megatron_apriel.eval.metrics import ks_for, mean_ci95, median, pass_at_k
+from megatron_apriel.eval.metrics import ks_for, mean_ci95, pass_at_k
 from megatron_apriel.eval.results import SampleRecord
 from megatron_apriel.rollout.types import Problem
 
@@ -43,7 +44,7 @@ def summarise(problems: Sequence[Problem], ordered: Sequence[SampleRecord], samp
     out = {"problems": len(problems), "samples_per_problem": samples, "samples": len(ordered)}
     out.update(_pass1_stats([r.success for r in ordered], len(problems), samples))
     out["mean_output_tokens"] = math.fsum(lengths) / len(lengths)
-    out["median_output_tokens"] = median(lengths)
+    out["median_output_tokens"] = statistics.median(lengths)
     out["truncated_share"] = sum(r.truncated for r in ordered) / len(ordered)
     out["outcomes"] = dict(sorted(Counter(r.outcome for r in ordered).items()))
     out["verifier_errors"] = out["outcomes"].get("verifier_error", 0)
