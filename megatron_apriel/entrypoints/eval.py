@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     from megatron_apriel.eval.benchmarks import load_benchmark
     from megatron_apriel.eval.report import console_table
     from megatron_apriel.eval.runner import EvalConfig
-    from megatron_apriel.eval.serving import resolve_checkpoint
+    from megatron_apriel.eval.serving import inspect_checkpoint
     from megatron_apriel.eval.session import check_manifest
 
     cfg = EvalConfig(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
@@ -129,15 +129,11 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-servers must be >= 1, got {args.num_servers}.")
     specs = specs_from_args(args)
     problems = {s.name: load_benchmark(s) for s in specs}  # bad input fails before anything is served
-    checkpoint = Path(args.checkpoint)
-    if not checkpoint.is_dir():
-        raise ValueError(f"checkpoint {checkpoint}: no such directory; give an HF model directory or a Megatron "
-                         "checkpoint (RUN/checkpoints/step_N).")
-    check_manifest(args.out, checkpoint, cfg, specs)
-    hf_dir = resolve_checkpoint(checkpoint, args.out, args.hf_reference)
+    checkpoint = inspect_checkpoint(args.checkpoint, args.hf_reference)
+    check_manifest(args.out, checkpoint.path, cfg, specs)
     start = time.monotonic()
-    with _fleet(args, hf_dir) as urls:
-        report = asyncio.run(_evaluate(args, cfg, specs, problems, hf_dir, urls))
+    with _fleet(args, checkpoint) as urls:
+        report = asyncio.run(_evaluate(args, cfg, specs, problems, checkpoint.tokenizer_dir, urls))
     if not args.no_plots:
         from megatron_apriel.eval.plots import plot_run
 
@@ -147,24 +143,26 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fleet(args: argparse.Namespace, hf_dir: Path):
+def _fleet(args: argparse.Namespace, checkpoint):
+    """The servers' URLs: ``--servers`` as given, or ``apriel-serve`` processes started (and stopped)."""
     from contextlib import nullcontext
 
-    from megatron_apriel.eval.serving import local_fleet
+    from megatron_apriel.eval.serving import local_fleet, served_dir
 
     if args.servers:
         return nullcontext(list(args.servers))
-    return local_fleet(hf_dir, args.num_servers, args.out / "logs", shlex.split(args.vllm_args), args.startup_timeout)
+    return local_fleet(served_dir(checkpoint, args.out), args.num_servers, args.out / "logs",
+                       shlex.split(args.vllm_args), args.startup_timeout)
 
 
-async def _evaluate(args, cfg, specs, problems, hf_dir: Path, urls: list[str]) -> dict:
+async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[str]) -> dict:
     from transformers import AutoTokenizer
 
     from megatron_apriel.eval.session import run_benchmarks
     from megatron_apriel.rollout.client import FleetClient
     from megatron_apriel.verifiers import make_verifier_pool
 
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     client = FleetClient(urls, max_attempts=4, cooldown_s=2.0)
     pool = make_verifier_pool(cfg.verifier_workers)
     label = args.label or Path(args.checkpoint).resolve().name

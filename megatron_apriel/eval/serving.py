@@ -3,7 +3,7 @@
 A checkpoint is an HF model directory (``config.json`` + safetensors, e.g. a run's ``hf/``
 export), or one of our Megatron distributed checkpoints (``run_dir/checkpoints/step_N`` or its
 ``dist/``), which is converted once into ``OUT/hf_converted`` (`convert.checkpoint.mcore_to_hf`;
-kept, so a resumed evaluation does not convert again). The conversion takes config, tokenizer
+kept, so a resumed evaluation does not convert again; not at all when ``--servers`` serve it). The conversion takes config, tokenizer
 and key layout from ``hf_reference``, by default the run's base model (``model.hf_path`` in
 ``run_dir/config.yaml``, or ``run_dir/base`` for the tiny presets).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -43,33 +44,58 @@ def run_base_model(dist: Path) -> Optional[Path]:
     return None
 
 
-def resolve_checkpoint(checkpoint: str | Path, out_dir: Path, hf_reference: Optional[str | Path] = None) -> Path:
-    """The HF directory to serve for ``checkpoint`` (converting a dist checkpoint, see module doc)."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint to evaluate, checked: an HF directory, or a dist checkpoint and its reference."""
+
+    path: Path
+    dist: Optional[Path] = None
+    """The directory holding metadata.json (None for an HF directory)."""
+    reference: Optional[Path] = None
+    """The HF model giving a dist checkpoint its config and tokenizer."""
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.reference if self.dist is not None else self.path
+
+
+def inspect_checkpoint(checkpoint: str | Path, hf_reference: Optional[str | Path] = None) -> Checkpoint:
+    """What ``checkpoint`` is (see module doc); ValueError saying what to pass when it is neither kind."""
     path = Path(checkpoint)
-    if not path.exists():
-        raise ValueError(f"checkpoint {path}: no such directory.")
+    if not path.is_dir():
+        raise ValueError(f"checkpoint {path}: no such directory; give an HF model directory or a Megatron "
+                         "checkpoint (RUN/checkpoints/step_N).")
     if (path / "config.json").is_file():
-        return path
+        return Checkpoint(path)
     dist = _dist_dir(path)
     if dist is None:
         raise ValueError(f"checkpoint {path} is neither an HF model directory (no config.json) nor a Megatron dist "
                          "checkpoint (no metadata.json in it or in its dist/).")
-    target = out_dir / CONVERTED
-    source = target / "apriel_eval_source.json"
-    if target.exists():
-        recorded = json.loads(source.read_text()).get("dist") if source.is_file() else None
-        if recorded != str(dist.resolve()):
-            raise ValueError(f"{target} holds a conversion of {recorded}, not of {dist}; use another --out.")
-        return target
     reference = Path(hf_reference) if hf_reference else run_base_model(dist)
     if reference is None or not (reference / "config.json").is_file():
         raise ValueError(f"checkpoint {dist} is a Megatron dist checkpoint and no HF reference was found for its "
                          "config and tokenizer: pass --hf-reference BASE_MODEL_DIR.")
+    return Checkpoint(path, dist, reference)
+
+
+def served_dir(checkpoint: Checkpoint, out_dir: Path) -> Path:
+    """The HF directory to serve: the checkpoint itself, or its conversion into ``OUT/hf_converted``
+    (done once; a resumed evaluation finds it)."""
+    if checkpoint.dist is None:
+        return checkpoint.path
+    target = out_dir / CONVERTED
+    source = target / "apriel_eval_source.json"
+    if target.exists():
+        recorded = json.loads(source.read_text()).get("dist") if source.is_file() else None
+        if recorded != str(checkpoint.dist.resolve()):
+            raise ValueError(f"{target} holds a conversion of {recorded or 'an unknown checkpoint'}, not of "
+                             f"{checkpoint.dist}: remove it, or use another --out.")
+        return target
     from megatron_apriel.convert.checkpoint import mcore_to_hf
 
-    print(f"[apriel-eval] converting {dist} to {target} (reference {reference})", flush=True)
-    mcore_to_hf(dist, target, hf_reference=reference, progress=False)
-    source.write_text(json.dumps({"dist": str(dist.resolve()), "hf_reference": str(reference)}))
+    print(f"[apriel-eval] converting {checkpoint.dist} to {target} (reference {checkpoint.reference})", flush=True)
+    mcore_to_hf(checkpoint.dist, target, hf_reference=checkpoint.reference, progress=False)
+    source.write_text(json.dumps({"dist": str(checkpoint.dist.resolve()), "hf_reference": str(checkpoint.reference)}))
     return target
 
 
