@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="accuracy vs output tokens (Pareto frontier) over several evaluations")
     plot.add_argument("results", nargs="+", help="apriel-eval output directories (or their report.json)")
     plot.add_argument("--labels", nargs="+", default=None, help="one name per result (default: their labels)")
+    plot.add_argument("--bench", action="append", default=[], metavar="NAME", help="plot this benchmark only (repeat)")
     plot.add_argument("--out", required=True, type=Path)
     curves = sub.add_parser("curves", help="training curves from a run directory's TensorBoard log")
     curves.add_argument("run_dir", type=Path)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plot":
             from megatron_apriel.eval.plots import plot_comparison
 
-            for path in plot_comparison(args.results, args.labels, args.out):
+            for path in plot_comparison(args.results, args.labels, args.out, args.bench):
                 print(f"[{PROG}] wrote {path}")
             return 0
         from megatron_apriel.eval.plots import plot_training_curves

@@ -64,6 +64,8 @@ def frontier_figure(entries: Sequence[Entry]):
         front = [points[i] for i in pareto_frontier(points)]
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="gray", gid=FRONTIER_GID, zorder=2)
         ax.set(title=name, xlabel=X_TOKENS, ylabel=Y_PASS1)
+        ax.ticklabel_format(useOffset=False)
+        ax.margins(0.15)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -119,11 +121,23 @@ def plot_run(out_dir: Path, report: dict) -> list[Path]:
             _save(budget_figure([entry]), out_dir / "plots" / "budget.png")]
 
 
-def plot_comparison(results: Sequence[str | Path], labels: Sequence[str] | None, out: Path) -> list[Path]:
-    """Frontier, lengths and budget plots over several evaluations (output directories)."""
+def _only(report: dict, benchmarks: Sequence[str]) -> dict:
+    return {**report, "benchmarks": {n: b for n, b in report["benchmarks"].items() if n in benchmarks}}
+
+
+def plot_comparison(results: Sequence[str | Path], labels: Sequence[str] | None, out: Path,
+                    benchmarks: Sequence[str] = ()) -> list[Path]:
+    """Frontier, lengths and budget plots over several evaluations (output directories), of
+    every benchmark they hold or of ``benchmarks`` only."""
     if labels is not None and len(labels) != len(results):
         raise ValueError(f"{len(labels)} labels for {len(results)} results; give one label per result.")
     reports = [read_report(r) for r in results]
+    if benchmarks:
+        held = {n for r in reports for n in r["benchmarks"]}
+        unknown = sorted(set(benchmarks) - held)
+        if unknown:
+            raise ValueError(f"benchmarks {unknown} are in none of the results; they hold {sorted(held)}.")
+        reports = [_only(r, benchmarks) for r in reports]
     names = list(labels) if labels else [r["label"] for r in reports]
     dirs = [Path(r) if Path(r).is_dir() else Path(r).parent for r in results]
     entries = list(zip(names, reports))

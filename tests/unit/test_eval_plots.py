@@ -78,6 +78,14 @@ def test_plot_command_writes_the_pngs(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "base"), str(tmp_path / "rl"), "--out", str(tmp_path / "plots")]) == 0
     for png in ("frontier", "lengths", "budget"):
         assert (tmp_path / "plots" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["plot", str(tmp_path / "base"), str(tmp_path / "rl"), "--bench", "gpqa", "--out", str(tmp_path / "g")]) == 0
+    from PIL import Image
+
+    one, both = (Image.open(tmp_path / d / "frontier.png").size for d in ("g", "plots"))
+    assert one[0] < both[0] * 0.6 and one[1] == both[1]  # one panel instead of two
+    with pytest.raises(SystemExit) as exit_:
+        main(["plot", str(tmp_path / "base"), "--bench", "mmlu", "--out", str(tmp_path / "plots")])
+    assert exit_.value.code == 2 and "benchmarks ['mmlu'] are in none of the results" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["plot", str(tmp_path / "base"), str(tmp_path / "nowhere"), "--out", str(tmp_path / "plots")])
     assert exit_.value.code == 2 and "nowhere: no such file; give an apriel-eval output directory" in capsys.readouterr().err
