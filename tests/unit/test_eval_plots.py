@@ -111,3 +111,5 @@ def test_training_curves_from_the_run_log(tmp_path):
     assert len(mix.get_lines()) == 4  # realised and target per domain
     with pytest.raises(ValueError, match="no TensorBoard event files"):
         training_curves_figure(tmp_path / "elsewhere")
+    assert main(["curves", str(tmp_path / "run"), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
