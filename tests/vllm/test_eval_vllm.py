@@ -140,7 +140,9 @@ def test_reported_scores_equal_the_verifiers_on_the_saved_completions(warm, full
         assert sorted((r["problem_id"], r["sample"]) for r in rows) == sorted((p, i) for p in refs for i in range(N))
         assert len({r["seed"] for r in rows}) == len(rows)
         by = {(r["problem_id"], r["sample"]): r for r in rows}
-        ok = [[SCORERS[refs[p].domain].verify(refs[p], by[(p, i)]["text"]).success for i in range(N)] for p in refs]
+        results = {(p, i): SCORERS[refs[p].domain].verify(refs[p], by[(p, i)]["text"]) for p in refs for i in range(N)}
+        assert {k: by[k]["outcome"] for k in results} == {k: r.outcome.value for k, r in results.items()}
+        ok = [[results[(p, i)].success for i in range(N)] for p in refs]
         b = report["benchmarks"][name]
         want = direct_numbers(ok)
         assert b["pass@1"] == pytest.approx(want["pass@1"], abs=1e-12)
