@@ -115,11 +115,12 @@ async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: in
     return await asyncio.shield(write)
 
 
-async def evaluate_benchmark(run: BenchmarkRun) -> dict[tuple[str, int], SampleRecord]:
-    """Every sample of the benchmark, the ones already in the results file included. On an error
-    (or a cancellation) the generations in flight are cancelled, the samples already generated are
-    scored and written, and the error is raised."""
-    done = run.results.load()
+async def evaluate_benchmark(run: BenchmarkRun, done: dict[tuple[str, int], SampleRecord]
+                             ) -> dict[tuple[str, int], SampleRecord]:
+    """Every sample of the benchmark: ``done`` (what ``run.results`` holds already) and the missing
+    ones, generated now. On an error (or a cancellation) the generations in flight are cancelled,
+    the samples already generated are scored and written, and the error is raised."""
+    done = dict(done)
     todo = [(p, i) for p in run.problems for i in range(run.samples) if (p.id, i) not in done]
     if not todo:
         return done

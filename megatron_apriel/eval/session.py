@@ -65,13 +65,14 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
               "sampling": cfg.identity(), "benchmarks": {}, "timing": {}}
     for spec in specs:
         results = ResultsFile(results_path(out, spec.name))
-        already = sum(1 for k in results.load() if k[1] < spec.samples)
+        done = results.load()
+        already = sum(1 for k in done if k[1] < spec.samples)
         bar = _progress_bar(spec.name, len(problems[spec.name]) * spec.samples, already, progress)
         run = BenchmarkRun(spec.name, problems[spec.name], spec.samples, results, client, tokenizer, pool, cfg,
                            on_sample=lambda record: bar.update(1))
         start = time.monotonic()
         try:
-            records = await evaluate_benchmark(run)
+            records = await evaluate_benchmark(run, done)
         finally:
             bar.close()
         wall = time.monotonic() - start
