@@ -3,7 +3,7 @@
     apriel-eval run --checkpoint runs/apriel_15b/hf --out evals/step250 \\
         --bench aime25:aime:/data/aime_2025.jsonl --bench gpqa_d:gpqa:/data/gpqa_diamond.csv \\
         --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet --bench lcb_v5:livecodebench:/data/test5.jsonl \\
-        --num-servers 8 --vllm-args "--tensor-parallel-size 1 --max-model-len 40960"
+        --num-servers 8 --gpus-per-server 1 --vllm-args "--max-model-len 40960"
     apriel-eval run --checkpoint runs/x/checkpoints/step_00000250 ...   # Megatron checkpoint: converted first
     apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
     apriel-eval plot evals/base evals/step250 --labels base rl --out evals/plots
@@ -42,6 +42,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--servers", nargs="+", default=None, help="URLs of running apriel-serve servers of CHECKPOINT")
     p.add_argument("--num-servers", type=int, default=1, help="apriel-serve processes to start (no --servers)")
     p.add_argument("--vllm-args", default="", help="extra vLLM flags for started servers, one string")
+    p.add_argument("--gpus-per-server", type=int, default=0,
+                   help="started server i sees GPUs i*K..i*K+K-1 (CUDA_VISIBLE_DEVICES); 0: all, as this process")
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     p.add_argument("--n", type=int, default=0, help="samples per problem for every benchmark (0: by format)")
     p.add_argument("--n-for", action="append", default=[], metavar="NAME=N", help="samples per problem of one")
@@ -126,8 +128,9 @@ def _run(args: argparse.Namespace) -> int:
     cfg = EvalConfig(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                      stop=tuple(args.stop), seed=args.seed, budgets=_budgets(args.budgets),
                      max_in_flight=args.max_in_flight, verifier_workers=args.verifier_workers)
-    if args.num_servers < 1:
-        raise ValueError(f"--num-servers must be >= 1, got {args.num_servers}.")
+    if args.num_servers < 1 or args.gpus_per_server < 0:
+        raise ValueError(f"--num-servers must be >= 1 and --gpus-per-server >= 0, got {args.num_servers} and "
+                         f"{args.gpus_per_server}.")
     specs = specs_from_args(args)
     problems = {s.name: load_benchmark(s) for s in specs}  # bad input fails before anything is served
     checkpoint = inspect_checkpoint(args.checkpoint, args.hf_reference)
@@ -153,7 +156,7 @@ def _fleet(args: argparse.Namespace, checkpoint):
     if args.servers:
         return nullcontext(list(args.servers))
     return local_fleet(served_dir(checkpoint, args.out), args.num_servers, args.out / "logs",
-                       shlex.split(args.vllm_args), args.startup_timeout)
+                       shlex.split(args.vllm_args), args.startup_timeout, args.gpus_per_server)
 
 
 async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[str]) -> dict:

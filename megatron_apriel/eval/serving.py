@@ -99,17 +99,29 @@ def served_dir(checkpoint: Checkpoint, out_dir: Path) -> Path:
     return target
 
 
+def server_env(index: int, gpus_per_server: int) -> dict[str, str]:
+    """Environment overrides of server ``index``: with ``gpus_per_server`` k > 0 it sees GPUs
+    ``index*k .. index*k + k - 1`` of the node (``CUDA_VISIBLE_DEVICES``); with 0, what this process sees."""
+    assert gpus_per_server >= 0, gpus_per_server  # checked with the other options by apriel-eval
+    if gpus_per_server == 0:
+        return {}
+    first = index * gpus_per_server
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(first, first + gpus_per_server))}
+
+
 @contextmanager
-def local_fleet(hf_dir: Path, count: int, log_dir: Path, vllm_args: list[str],
-                startup_timeout_s: float) -> Iterator[list[str]]:
-    """Start ``count`` ``apriel-serve`` processes of ``hf_dir``; yields their URLs; stops them all."""
+def local_fleet(hf_dir: Path, count: int, log_dir: Path, vllm_args: list[str], startup_timeout_s: float,
+                gpus_per_server: int = 0) -> Iterator[list[str]]:
+    """Start ``count`` ``apriel-serve`` processes of ``hf_dir`` (each on its own GPUs when
+    ``gpus_per_server`` > 0, see `server_env`); yields their URLs; stops them all."""
     from megatron_apriel.parallel.rendezvous import free_port
 
     log_dir.mkdir(parents=True, exist_ok=True)
     servers: list[ServerProcess] = []
     try:
         for i in range(count):
-            servers.append(start_server(str(hf_dir), free_port(), log_dir / f"server_{i}.log", extra_args=vllm_args))
+            servers.append(start_server(str(hf_dir), free_port(), log_dir / f"server_{i}.log", extra_args=vllm_args,
+                                        env=server_env(i, gpus_per_server)))
         for server in servers:
             try:
                 server.wait_healthy(startup_timeout_s)

@@ -57,3 +57,12 @@ def test_bad_options(tmp_path, aime, capsys):
     assert "benchmark names must be unique" in run(capsys, *common, "--bench", f"a:aime:{aime}")
     assert "--budgets '4k': write comma-separated token counts" in run(capsys, *common, "--budgets", "4k")
     assert "temperature must be >= 0" in run(capsys, *common, "--temperature", "-1")
+
+
+def test_each_started_server_sees_its_own_gpus(tmp_path, aime, capsys):
+    from megatron_apriel.eval.serving import server_env
+
+    assert server_env(0, 0) == {} and server_env(3, 0) == {}
+    assert [server_env(i, 2)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["0,1", "2,3", "4,5", "6,7"]
+    common = ["--checkpoint", str(tmp_path), "--out", str(tmp_path / "out"), "--bench", f"a:aime:{aime}"]
+    assert "--gpus-per-server >= 0" in run(capsys, *common, "--gpus-per-server", "-1")
