@@ -19,6 +19,8 @@ setup(
         "transformers>=4.45",
         "tensorboard",
         "tqdm",
+        # apriel-eval's plots (accuracy vs tokens, lengths, budgets, training curves)
+        "matplotlib>=3.8",
         # Megatron's checkpoint writer needs it; without it the forked writers die and save hangs.
         "psutil",
         "httpx>=0.27,<1",
@@ -32,7 +34,7 @@ setup(
     extras_require={
         # Also bfcl-eval==2026.3.23, installed with --no-deps by tools/setup_cpu_env.sh: listed here,
         # pip would follow its pins (numpy 1.26, sentence-transformers, faiss, API clients).
-        "test": ["pytest>=8", "matplotlib>=3.8"],
+        "test": ["pytest>=8"],
         # NVIDIA Apex is not on PyPI (the "apex" there is another project): build it from
         # github.com/NVIDIA/apex if wanted; Megatron falls back to torch kernels without it.
         "gpu": ["transformer-engine[pytorch]", "vllm"],
@@ -44,6 +46,7 @@ setup(
             "apriel-serve=megatron_apriel.entrypoints.serve:main",
             "apriel-plan=megatron_apriel.entrypoints.plan:main",
             "apriel-submit=megatron_apriel.entrypoints.submit:main",
+            "apriel-eval=megatron_apriel.entrypoints.eval:main",
         ],
     },
 )

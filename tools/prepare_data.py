@@ -8,10 +8,18 @@
     python tools/prepare_data.py bfcl     $BFCL/BFCL_v4_simple_python.json  data/fc.jsonl \
         --answers $BFCL/possible_answer/BFCL_v4_simple_python.json
 
+Evaluation benchmarks (apriel-eval also reads these formats directly):
+
+    python tools/prepare_data.py aime          aime_2025.jsonl          eval/aime25.jsonl
+    python tools/prepare_data.py gpqa          gpqa_diamond.csv         eval/gpqa_d.jsonl --seed 0
+    python tools/prepare_data.py mmlu_pro      mmlu_pro_test.parquet    eval/mmlu_pro.jsonl
+    python tools/prepare_data.py livecodebench test5.jsonl              eval/lcb_v5.jsonl \
+        --start-date 2024-08-01 --end-date 2025-02-01
+
 BFCL v4 ships in the bfcl-eval wheel: `pip install --no-deps bfcl-eval==2026.3.23`, then
 `BFCL=$(python -c "from tools.prepare_data import bfcl_data_dir; print(bfcl_data_dir())")`.
 
-Inputs are local files (download them beforehand); .json holding a list, .jsonl and .parquet are read.
+Inputs are local files (download them beforehand); .json holding a list, .jsonl, .parquet and .csv are read.
 Skipped rows are counted by reason; a malformed row stops the run with its file and row number.
 """
 
@@ -19,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import datasets
-
-from megatron_apriel.data.converters import CONVERTERS, SkipRow
+from megatron_apriel.data.converters import CONVERTERS
 from megatron_apriel.data.datasets import write_problems
+from megatron_apriel.data.sources import convert_rows, read_rows
 
 
 def bfcl_data_dir() -> Path | None:
@@ -38,23 +44,8 @@ def bfcl_data_dir() -> Path | None:
     return Path(spec.origin).parent / "data"
 
 
-def read_rows(path: Path) -> Iterator[dict | list]:
-    if path.suffix == ".parquet":
-        yield from datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
-        return
-    text = path.read_text()
-    if text.lstrip().startswith("["):
-        yield from json.loads(text)
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({err})") from err
-
-
-def convert_file(fmt: str, src: Path, out: Path, answers: Path | None = None, max_tests: int = 5) -> Counter:
+def convert_file(fmt: str, src: Path, out: Path, answers: Path | None = None, max_tests: int = 5,
+                 seed: int = 0, start_date: str = "", end_date: str = "") -> Counter:
     """Convert `src` into `out`; returns counts of written rows and of skip reasons."""
     kwargs: dict[str, Any] = {}
     if fmt == "bfcl":
@@ -63,17 +54,12 @@ def convert_file(fmt: str, src: Path, out: Path, answers: Path | None = None, ma
         kwargs["answers"] = {r["id"]: r["ground_truth"] for r in read_rows(answers)}
     if fmt in ("taco", "apps"):
         kwargs["max_tests"] = max_tests
-    stats: Counter = Counter()
-
-    def problems():
-        for index, row in enumerate(read_rows(src)):
-            try:
-                yield CONVERTERS[fmt](row, index, **kwargs)
-            except SkipRow as reason:
-                stats[f"skipped: {reason}"] += 1
-            except (KeyError, ValueError, TypeError, SyntaxError) as err:
-                raise ValueError(f"{src}: row {index + 1}: not in {fmt} format ({type(err).__name__}: {err})") from err
-    stats["written"] = write_problems(out, problems())
+    if fmt == "gpqa":
+        kwargs["seed"] = seed
+    if fmt == "livecodebench":
+        kwargs.update(start_date=start_date, end_date=end_date)
+    problems, stats = convert_rows(fmt, src, **kwargs)
+    stats["written"] = write_problems(out, problems)
     return stats
 
 
@@ -83,9 +69,14 @@ def main() -> None:
     parser.add_argument("src", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--answers", type=Path, help="BFCL possible_answer file (bfcl only)")
-    parser.add_argument("--max-tests", type=int, default=5, help="tests kept per code problem (recipe: 5)")
+    parser.add_argument("--max-tests", type=int, default=5, help="tests kept per code problem (taco/apps; recipe: 5)")
+    parser.add_argument("--seed", type=int, default=0, help="gpqa: seed of the per-row option shuffle (recorded)")
+    parser.add_argument("--start-date", default="", help="livecodebench: first contest date kept (v5: 2024-08-01)")
+    parser.add_argument("--end-date", default="", help="livecodebench: first contest date left out (v5: 2025-02-01)")
     args = parser.parse_args()
-    for key, count in sorted(convert_file(args.format, args.src, args.out, args.answers, args.max_tests).items()):
+    stats = convert_file(args.format, args.src, args.out, args.answers, args.max_tests, args.seed, args.start_date,
+                         args.end_date)
+    for key, count in sorted(stats.items()):
         print(f"{key}: {count}")
 
 

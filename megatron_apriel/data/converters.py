@@ -18,14 +18,29 @@ Source formats:
   `ground_truth`), both JSON lines (the `.json` files of the `bfcl-eval` wheel, `bfcl_eval/data/`
   and `bfcl_eval/data/possible_answer/`). Multi-turn rows, rows without a possible answer and
   rows that no call can pass (`verifiers.function_calling.unpassable_reason`) are skipped.
+
+Evaluation benchmarks (RECIPE.md section 8; read by `apriel-eval` and by `tools/prepare_data.py`):
+- aime: AIME jsonl rows with the problem text under `problem` (or `question`) and `answer`, the id
+  under `id` or `problem_idx` (else the row number).
+- gpqa: the GPQA csv (`Question`, `Correct Answer`, `Incorrect Answer 1..3`, `Record ID`); the four
+  options are shuffled per row by `random.Random(f"{seed}:{Record ID}")` and the order shown is
+  recorded in the metadata (`shuffle_seed`, `order`: index into [correct, incorrect 1, 2, 3]).
+- mmlu_pro: MMLU-Pro parquet rows (`question_id`, `question`, `options`, `answer` letter,
+  `answer_index`, `category`), options in their published order.
+- livecodebench: LiveCodeBench jsonl (`question_id`, `question_content`, `starter_code`,
+  `contest_date`, `public_test_cases`, `private_test_cases`, `metadata` with `func_name` for
+  functional problems); public and private tests are all kept (`data/lcb.py` decodes them
+  without trusting their pickles); rows outside `[start_date, end_date)` are skipped.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import random
 from typing import Any, Callable
 
+from megatron_apriel.data.lcb import decode_test_cases, to_verifier_tests
 from megatron_apriel.rollout.types import Problem
 from megatron_apriel.verifiers.function_calling import unpassable_reason
 from megatron_apriel.verifiers.ifeval import SUPPORTED_INSTRUCTIONS
@@ -33,6 +48,12 @@ from megatron_apriel.verifiers.logic import I3_SKIPPED_TASKS
 
 MATH_SUFFIX = "\n\nPut your final answer within \\boxed{}."
 CODE_SUFFIX = "\n\nWrite a Python 3 solution in a single ```python code block."
+CHOICE_SUFFIX = "\n\nAnswer with the letter of the correct option within \\boxed{}."
+LCB_PRELUDE = ("from typing import *\nfrom collections import *\nfrom itertools import *\nfrom functools import *\n"
+               "from heapq import *\nfrom bisect import *\nfrom math import *\n"
+               "import collections, itertools, functools, heapq, bisect, math, re, string, sys\n")
+"""What LiveCodeBench's harness makes available to a solution (its starter code names `List`,
+`Optional`, ... without importing them); run before the candidate by the code verifier."""
 
 
 class SkipRow(Exception):
@@ -141,7 +162,86 @@ def convert_bfcl(row: dict, index: int, answers: dict[str, Any]) -> Problem:
                    metadata={"source": "bfcl_v4", "category": row["id"].rsplit("_", 1)[0], "tools": row["function"]})
 
 
+# --- evaluation benchmarks --------------------------------------------------------------------
+
+def _text(row: dict, *keys: str) -> str:
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    raise ValueError(f"no non-empty text under {' or '.join(repr(k) for k in keys)}")
+
+
+def convert_aime(row: dict, index: int) -> Problem:
+    answer = row.get("answer")
+    if answer is None or not str(answer).strip():
+        raise ValueError("no 'answer'")
+    pid = row.get("id", row.get("problem_idx", index + 1))
+    return Problem(id=f"aime-{pid}", domain="math", prompt=_user(_text(row, "problem", "question") + MATH_SUFFIX),
+                   reference=str(answer).strip(), metadata={"source": "aime"})
+
+
+def choices_prompt(question: str, options: list[str]) -> str:
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    listed = "\n".join(f"{letters[i]}) {option}" for i, option in enumerate(options))
+    return f"{question}\n\n{listed}{CHOICE_SUFFIX}"
+
+
+def convert_gpqa(row: dict, index: int, seed: int = 0) -> Problem:
+    options = [_text(row, "Correct Answer")] + [_text(row, f"Incorrect Answer {i}") for i in (1, 2, 3)]
+    record = _text(row, "Record ID")
+    order = list(range(4))
+    random.Random(f"{seed}:{record}").shuffle(order)
+    shown = [options[i] for i in order]
+    answer = "ABCD"[order.index(0)]
+    return Problem(id=f"gpqa-{record}", domain="multiple_choice",
+                   prompt=_user(choices_prompt(_text(row, "Question"), shown)),
+                   reference={"answer": answer, "choices": shown},
+                   metadata={"source": "gpqa", "shuffle_seed": seed, "order": order,
+                             "subdomain": row.get("Subdomain")})
+
+
+def convert_mmlu_pro(row: dict, index: int) -> Problem:
+    options = [str(o) for o in row["options"]]
+    if len(options) < 2:
+        raise ValueError(f"{len(options)} options; a multiple-choice row needs at least 2")
+    answer = str(row["answer"]).strip()
+    if "answer_index" in row and row["answer_index"] is not None and "ABCDEFGHIJ"[int(row["answer_index"])] != answer:
+        raise ValueError(f"answer {answer!r} disagrees with answer_index {row['answer_index']}")
+    if answer not in "ABCDEFGHIJ"[: len(options)] or len(answer) != 1:
+        raise ValueError(f"answer {answer!r} is not the letter of one of the {len(options)} options")
+    return Problem(id=f"mmlupro-{row['question_id']}", domain="multiple_choice",
+                   prompt=_user(choices_prompt(_text(row, "question"), options)),
+                   reference={"answer": answer, "choices": options},
+                   metadata={"source": "mmlu_pro", "category": row.get("category")})
+
+
+def convert_livecodebench(row: dict, index: int, start_date: str = "", end_date: str = "") -> Problem:
+    """``start_date``/``end_date`` (ISO dates, end excluded; empty: open) select the contest window."""
+    date = str(row.get("contest_date", ""))[:10]
+    if (start_date and date < start_date) or (end_date and date >= end_date):
+        raise SkipRow(f"contest date outside [{start_date or '-'}, {end_date or '-'})")
+    meta = row.get("metadata") or "{}"
+    meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
+    fn_name = meta.get("func_name")
+    cases = decode_test_cases(row["public_test_cases"]) + decode_test_cases(row["private_test_cases"])
+    if not cases:
+        raise ValueError("no public or private test cases")
+    tests = to_verifier_tests(cases, functional=bool(fn_name))
+    prompt = _text(row, "question_content")
+    starter = (row.get("starter_code") or "").strip()
+    if starter:
+        prompt += f"\n\nComplete this starter code (keep its names and signature):\n```python\n{starter}\n```"
+    else:
+        prompt += "\n\nRead the input from standard input and write the answer to standard output."
+    reference = {"tests": tests, "prelude": LCB_PRELUDE, **({"fn_name": fn_name} if fn_name else {})}
+    return Problem(id=f"lcb-{row['question_id']}", domain="code", prompt=_user(prompt + CODE_SUFFIX),
+                   reference=reference, metadata={"source": "livecodebench", "contest_date": date,
+                                                  "platform": row.get("platform"), "difficulty": row.get("difficulty")})
+
+
 CONVERTERS: dict[str, Callable[..., Problem]] = {
     "orz": convert_orz, "taco": convert_taco, "apps": convert_apps, "i3_logic": convert_i3_logic,
     "if_multi": convert_if_multi, "bfcl": convert_bfcl,
+    "aime": convert_aime, "gpqa": convert_gpqa, "mmlu_pro": convert_mmlu_pro, "livecodebench": convert_livecodebench,
 }

@@ -33,7 +33,13 @@ def load_pools(run: RunConfig):
 
     if not run.actor.data:
         raise ValueError("actor.data is empty: list the problem files (jsonl/parquet) the actor draws from.")
+    from megatron_apriel.rollout.types import EVAL_DOMAINS
+
     pools = ProblemPools.from_files(run.actor.data)
+    eval_only = [d for d in pools.domains if d in EVAL_DOMAINS]
+    if eval_only:
+        raise ValueError(f"actor.data ({run.actor.data}) holds problems of {eval_only}, which only evaluation scores "
+                         "(apriel-eval); remove those files from actor.data.")
     empty = [d for d in run.actor.sampler.mix if pools.size(d) == 0]
     if empty:
         raise ValueError(f"domains {empty} have weight > 0 in actor.sampler.weights but no problems in actor.data "

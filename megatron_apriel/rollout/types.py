@@ -22,6 +22,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 DOMAINS: tuple[str, ...] = ("math", "code", "logic", "ifeval", "function_calling")
 """The five verifiable-reward domains of the recipe (RECIPE.md section 6)."""
 
+EVAL_DOMAINS: tuple[str, ...] = ("multiple_choice",)
+"""Domains that only evaluation scores (GPQA-Diamond, MMLU-Pro; `megatron_apriel.eval.scoring`):
+a Problem may carry one, but no training verifier, domain mix or sampler knows it."""
+
 _ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -31,7 +35,7 @@ class Problem:
 
     Attributes:
         id: unique within its dataset file (used for logging, data order and de-duplication).
-        domain: one of `DOMAINS`; selects the verifier.
+        domain: one of `DOMAINS` (or `EVAL_DOMAINS`, for evaluation only); selects the verifier.
         prompt: chat messages, each `{"role": ..., "content": str}`, in order.
         reference: domain-specific, JSON-serialisable ground truth (see each verifier's docstring).
         metadata: free-form JSON-serialisable extras (source dataset, difficulty, tools, ...).
@@ -44,8 +48,9 @@ class Problem:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.domain not in DOMAINS:
-            raise ValueError(f"Problem {self.id!r}: unknown domain {self.domain!r}; use one of {DOMAINS}.")
+        if self.domain not in DOMAINS + EVAL_DOMAINS:
+            raise ValueError(f"Problem {self.id!r}: unknown domain {self.domain!r}; use one of {DOMAINS} "
+                             f"(or, for evaluation only, {EVAL_DOMAINS}).")
         if not self.prompt:
             raise ValueError(f"Problem {self.id!r}: empty prompt; give at least one user message.")
         for message in self.prompt:

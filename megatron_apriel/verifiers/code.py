@@ -6,7 +6,9 @@ Reference (JSON)::
     {"fn_name": "add", "tests": [{"input": [1, 2], "output": 3}, ...]}     # function-call style
 
 In function-call style `input` is the list of positional arguments; the function is looked up at
-module level, else as a method of a class `Solution` (LeetCode style). Each test runs in its own
+module level, else as a method of a class `Solution` (LeetCode style). An optional ``"prelude"``
+(Python source) runs before the candidate's code, in both styles: the imports a benchmark's own
+harness provides (LiveCodeBench's starter code uses ``List[int]`` without importing it). Each test runs in its own
 sandbox process; the reward is 1 only if every test passes (early exit on the first failure).
 stdout is compared line by line with trailing whitespace ignored and numbers compared with a 1e-6
 relative tolerance; function results are compared as JSON values with the same tolerance.
@@ -118,6 +120,9 @@ class CodeVerifier:
         source = extract_code(completion)
         if source is None:
             return failed(Outcome.NO_ANSWER, "no ```python block in the final response")
+        prelude = ref.get("prelude") or ""
+        if prelude:
+            source = prelude.rstrip("\n") + "\n" + source
         fn_name = ref.get("fn_name")
         for i, test in enumerate(ref["tests"]):
             if fn_name:

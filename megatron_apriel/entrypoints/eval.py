@@ -1,0 +1,189 @@
+"""``apriel-eval``: evaluate a checkpoint on benchmark files, and plot accuracy against tokens.
+
+    apriel-eval run --checkpoint runs/apriel_15b/hf --out evals/step250 \\
+        --bench aime25:aime:/data/aime_2025.jsonl --bench gpqa_d:gpqa:/data/gpqa_diamond.csv \\
+        --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet --bench lcb_v5:livecodebench:/data/test5.jsonl \\
+        --num-servers 8 --gpus-per-server 1 --vllm-args "--max-model-len 40960"
+    apriel-eval run --checkpoint runs/x/checkpoints/step_00000250 ...   # Megatron checkpoint: converted first
+    apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
+    apriel-eval plot evals/base evals/step250 --labels base rl --out evals/plots
+    apriel-eval curves runs/apriel_15b --out evals/plots
+
+``run`` writes into ``--out``: ``manifest.json`` (what defines the samples), ``samples/NAME.jsonl``
+(every scored sample, appended as it finishes: rerunning the same command continues where it
+stopped and reports the same numbers), ``report.json`` / ``report.md`` (after each benchmark),
+``plots/`` (response lengths, accuracy vs token budget) and ``logs/server_*.log``.
+Defaults follow RECIPE.md section 8: temperature 1.0, top_p 0.95, 32768 output tokens, samples
+per problem by format (AIME 16, GPQA 8, MMLU-Pro 1, LiveCodeBench 4; ``--n`` / ``--n-for``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from megatron_apriel.eval.benchmarks import FORMATS, BenchmarkSpec, FormatOptions
+
+PROG = "apriel-eval"
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="serve a checkpoint, sample, score, report")
+    p.add_argument("--checkpoint", required=True, help="HF model dir, or a Megatron dist checkpoint (converted)")
+    p.add_argument("--bench", action="append", required=True, metavar="NAME:FORMAT:PATH",
+                   help=f"a benchmark file (repeat); formats: {', '.join(FORMATS)}")
+    p.add_argument("--out", required=True, type=Path, help="output directory (rerun with the same one to resume)")
+    p.add_argument("--label", default=None, help="the model's name in reports and plots (default: checkpoint name)")
+    p.add_argument("--hf-reference", default=None, help="base HF model for a dist checkpoint's config and tokenizer")
+    p.add_argument("--servers", nargs="+", default=None, help="URLs of running apriel-serve servers of CHECKPOINT")
+    p.add_argument("--num-servers", type=int, default=1, help="apriel-serve processes to start (no --servers)")
+    p.add_argument("--vllm-args", default="", help="extra vLLM flags for started servers, one string")
+    p.add_argument("--gpus-per-server", type=int, default=0,
+                   help="started server i sees GPUs i*K..i*K+K-1 (CUDA_VISIBLE_DEVICES); 0: all, as this process")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
+    p.add_argument("--n", type=int, default=0, help="samples per problem for every benchmark (0: by format)")
+    p.add_argument("--n-for", action="append", default=[], metavar="NAME=N", help="samples per problem of one")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-tokens", type=int, default=32768)
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeat)")
+    p.add_argument("--seed", type=int, default=0, help="base of the per-sample seeds")
+    p.add_argument("--budgets", default="4096,8192,16384,24576,32768", help="token budgets to rescore at")
+    p.add_argument("--gpqa-seed", type=int, default=0, help="seed of GPQA's option shuffle")
+    p.add_argument("--lcb-start", default="2024-08-01", help="LiveCodeBench: first contest date kept ('' = any)")
+    p.add_argument("--lcb-end", default="2025-02-01", help="LiveCodeBench: first contest date left out ('' = any)")
+    p.add_argument("--max-in-flight", type=int, default=64, help="requests in flight")
+    p.add_argument("--verifier-workers", type=int, default=2, help="verifier processes")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    plot = sub.add_parser("plot", help="accuracy vs output tokens (Pareto frontier) over several evaluations")
+    plot.add_argument("results", nargs="+", help="apriel-eval output directories (or their report.json)")
+    plot.add_argument("--labels", nargs="+", default=None, help="one name per result (default: their labels)")
+    plot.add_argument("--bench", action="append", default=[], metavar="NAME", help="plot this benchmark only (repeat)")
+    plot.add_argument("--out", required=True, type=Path)
+    curves = sub.add_parser("curves", help="training curves from a run directory's TensorBoard log")
+    curves.add_argument("run_dir", type=Path)
+    curves.add_argument("--out", required=True, type=Path)
+    return parser
+
+
+def specs_from_args(args: argparse.Namespace) -> list[BenchmarkSpec]:
+    options = FormatOptions(gpqa_seed=args.gpqa_seed, lcb_start=args.lcb_start, lcb_end=args.lcb_end)
+    specs = [BenchmarkSpec.parse(text, options) for text in args.bench]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"benchmark names must be unique, got {names}.")
+    per = {}
+    for item in args.n_for:
+        name, _, value = item.partition("=")
+        if name not in names or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--n-for {item!r}: write NAME=N with NAME one of {names} and N >= 1.")
+        per[name] = int(value)
+    if args.n < 0:
+        raise ValueError(f"--n must be >= 1 (or 0: by format), got {args.n}.")
+    return [BenchmarkSpec(s.name, s.format, s.path, per.get(s.name, args.n), s.options) for s in specs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "plot":
+            from megatron_apriel.eval.plots import plot_comparison
+
+            for path in plot_comparison(args.results, args.labels, args.out, args.bench):
+                print(f"[{PROG}] wrote {path}")
+            return 0
+        from megatron_apriel.eval.plots import plot_training_curves
+
+        print(f"[{PROG}] wrote {plot_training_curves(args.run_dir, args.out)}")
+        return 0
+    except (ValueError, RuntimeError, TimeoutError) as err:
+        kept = ""
+        if args.command == "run" and (args.out / "samples").is_dir():
+            kept = f"\n{PROG} run: the samples written so far are kept in {args.out / 'samples'}; rerun to continue."
+        parser.exit(2, f"{PROG} {args.command}: error: {err}{kept}\n")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The composition root of an evaluation: inputs checked, model served, benchmarks run."""
+    from megatron_apriel.eval.benchmarks import load_benchmark
+    from megatron_apriel.eval.report import console_table
+    from megatron_apriel.eval.runner import EvalConfig
+    from megatron_apriel.eval.serving import inspect_checkpoint
+    from megatron_apriel.eval.session import check_manifest
+
+    cfg = EvalConfig(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                     stop=tuple(args.stop), seed=args.seed, budgets=_budgets(args.budgets),
+                     max_in_flight=args.max_in_flight, verifier_workers=args.verifier_workers)
+    if args.num_servers < 1 or args.gpus_per_server < 0:
+        raise ValueError(f"--num-servers must be >= 1 and --gpus-per-server >= 0, got {args.num_servers} and "
+                         f"{args.gpus_per_server}.")
+    specs = specs_from_args(args)
+    problems = {s.name: load_benchmark(s) for s in specs}  # bad input fails before anything is served
+    checkpoint = inspect_checkpoint(args.checkpoint, args.hf_reference)
+    check_manifest(args.out, checkpoint.path, cfg, specs)
+    start = time.monotonic()
+    with _fleet(args, checkpoint) as urls:
+        report = asyncio.run(_evaluate(args, cfg, specs, problems, checkpoint.tokenizer_dir, urls))
+    if not args.no_plots:
+        from megatron_apriel.eval.plots import plot_run
+
+        plot_run(args.out, report)
+    print(console_table(report))
+    print(f"[{PROG}] done in {time.monotonic() - start:.0f}s: {args.out / 'report.json'}, {args.out / 'report.md'}")
+    return 0
+
+
+def _fleet(args: argparse.Namespace, checkpoint):
+    """The servers' URLs: ``--servers`` as given, or ``apriel-serve`` processes started (and stopped)."""
+    from contextlib import nullcontext
+
+    from megatron_apriel.eval.serving import local_fleet, served_dir
+
+    if args.servers:
+        return nullcontext(list(args.servers))
+    return local_fleet(served_dir(checkpoint, args.out), args.num_servers, args.out / "logs",
+                       shlex.split(args.vllm_args), args.startup_timeout, args.gpus_per_server)
+
+
+async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[str]) -> dict:
+    from transformers import AutoTokenizer
+
+    from megatron_apriel.eval.session import run_benchmarks
+    from megatron_apriel.rollout.client import FleetClient
+    from megatron_apriel.verifiers import make_verifier_pool
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    client = FleetClient(urls, max_attempts=4, cooldown_s=2.0)
+    pool = make_verifier_pool(cfg.verifier_workers)
+    label = args.label or Path(args.checkpoint).resolve().name
+    try:
+        return await run_benchmarks(specs, problems, client, tokenizer, pool, cfg, args.out, label,
+                                    Path(args.checkpoint), progress=not args.no_progress)
+    finally:
+        await client.aclose()
+        pool.shutdown(cancel_futures=True)
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError as err:
+        raise ValueError(f"--budgets {text!r}: write comma-separated token counts, e.g. 4096,8192") from err
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Benchmarks as given on the command line: a name, a public format and a local file.
+
+    --bench aime25:aime:/data/aime_2025.jsonl  --bench gpqa_d:gpqa:/data/gpqa_diamond.csv
+
+Formats: the benchmark converters of `megatron_apriel.data.converters` (``aime``, ``gpqa``,
+``mmlu_pro``, ``livecodebench``), and ``problems``, our own Problem jsonl/parquet (what
+``tools/prepare_data.py`` writes). Samples per problem default to RECIPE.md section 8's
+recommendation for the format (AIME 16, GPQA-D 8, MMLU-Pro 1, LiveCodeBench 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_apriel.data.datasets import load_problems
+from megatron_apriel.data.sources import convert_rows
+from megatron_apriel.rollout.types import Problem
+
+FORMATS: tuple[str, ...] = ("aime", "gpqa", "mmlu_pro", "livecodebench", "problems")
+DEFAULT_SAMPLES: dict[str, int] = {"aime": 16, "gpqa": 8, "mmlu_pro": 1, "livecodebench": 4, "problems": 4}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    """Per-format reading options (part of what defines a benchmark's problems)."""
+
+    gpqa_seed: int = 0
+    """Seed of GPQA's per-row option shuffle (recorded in each problem's metadata)."""
+    lcb_start: str = "2024-08-01"
+    """First LiveCodeBench contest date kept (v5 window of RECIPE.md section 8); empty: no bound."""
+    lcb_end: str = "2025-02-01"
+    """First contest date left out; empty: no bound."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    name: str
+    format: str
+    path: Path
+    n: int = 0
+    """Samples per problem; 0: the format's default (DEFAULT_SAMPLES)."""
+    options: FormatOptions = field(default_factory=FormatOptions)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"benchmark name {self.name!r}: use letters, digits, '_', '-' or '.' (it names files).")
+        if self.format not in FORMATS:
+            raise ValueError(f"benchmark {self.name}: unknown format {self.format!r}; use one of {FORMATS}.")
+        if self.n < 0:
+            raise ValueError(f"benchmark {self.name}: samples per problem must be >= 1, got {self.n}.")
+
+    @property
+    def samples(self) -> int:
+        return self.n or DEFAULT_SAMPLES[self.format]
+
+    @classmethod
+    def parse(cls, text: str, options: FormatOptions = FormatOptions()) -> BenchmarkSpec:
+        """``NAME:FORMAT:PATH`` (the path may itself contain ':')."""
+        parts = text.split(":", 2)
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"--bench {text!r}: write NAME:FORMAT:PATH, e.g. aime25:aime:/data/aime_2025.jsonl "
+                             f"(formats: {', '.join(FORMATS)}).")
+        return cls(name=parts[0], format=parts[1], path=Path(parts[2]), options=options)
+
+    def identity(self) -> dict:
+        """What defines this benchmark's problems: a resumed evaluation must see the same."""
+        opts = {"gpqa": {"gpqa_seed": self.options.gpqa_seed},
+                "livecodebench": {"lcb_start": self.options.lcb_start, "lcb_end": self.options.lcb_end}}
+        return {"format": self.format, "file_sha256": file_sha256(self.path), **opts.get(self.format, {})}
+
+
+def file_sha256(path: Path) -> str:
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file.")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_benchmark(spec: BenchmarkSpec) -> list[Problem]:
+    """The benchmark's problems; ValueError naming the file (and row) when it cannot be read."""
+    if not spec.path.is_file():
+        raise ValueError(f"benchmark {spec.name}: {spec.path}: no such file.")
+    if spec.format == "problems":
+        problems = load_problems(spec.path)
+    else:
+        kwargs = {"gpqa": {"seed": spec.options.gpqa_seed},
+                  "livecodebench": {"start_date": spec.options.lcb_start, "end_date": spec.options.lcb_end}}
+        problems, _ = convert_rows(spec.format, spec.path, **kwargs.get(spec.format, {}))
+    if not problems:
+        raise ValueError(f"benchmark {spec.name}: {spec.path} holds no problem (in the date window, for "
+                         "livecodebench: see --lcb-start/--lcb-end).")
+    return problems

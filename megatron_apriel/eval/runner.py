@@ -1,0 +1,158 @@
+"""Generate and score the samples of one benchmark, resumably.
+
+Each (problem, sample index) is one request of n=1 to the fleet with its own vLLM seed
+(`sample_seed`), so a sample is the same whether it is drawn in the first run or after a resume,
+whichever other requests share its batch. Each finished sample is scored in the verifier pool
+and appended to the benchmark's `ResultsFile` at once; samples already there are not redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from megatron_apriel.data.prompts import render_prompt
+from megatron_apriel.eval.metrics import truncate_at_budget
+from megatron_apriel.eval.results import ResultsFile, SampleRecord
+from megatron_apriel.eval.scoring import score_texts
+from megatron_apriel.rollout.client import Completion, FleetClient, SamplingConfig
+from megatron_apriel.rollout.types import Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The sampling protocol (RECIPE.md section 8's recommendation by default) and concurrency."""
+
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_tokens: int = 32768
+    """Output budget per sample (the paper evaluates at up to 32K)."""
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    """Base of every sample's seed: same seed, same samples."""
+    budgets: tuple[int, ...] = (4096, 8192, 16384, 24576, 32768)
+    """Token budgets at which the saved traces are cut and rescored (those above max_tokens are dropped)."""
+    max_in_flight: int = 64
+    """Requests sent to the fleet at once."""
+    verifier_workers: int = 2
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}.")
+        if self.max_tokens < 1 or self.max_in_flight < 1 or self.verifier_workers < 1:
+            raise ValueError("max_tokens, max_in_flight and verifier_workers must be >= 1.")
+        if any(b < 1 for b in self.budgets):
+            raise ValueError(f"token budgets must be >= 1, got {self.budgets}.")
+
+    def sampling(self, seed: int) -> SamplingConfig:
+        return SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              stop=self.stop, seed=seed)
+
+    def identity(self) -> dict:
+        """What defines the samples: a resumed evaluation must use the same."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                "stop": list(self.stop), "seed": self.seed}
+
+    @property
+    def used_budgets(self) -> list[int]:
+        return sorted({b for b in self.budgets if b < self.max_tokens} | {self.max_tokens})
+
+
+def sample_seed(seed: int, problem_id: str, index: int) -> int:
+    """A 31-bit vLLM seed for sample ``index`` of ``problem_id`` (stable across runs and machines)."""
+    digest = hashlib.sha256(f"{seed}\0{problem_id}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass
+class BenchmarkRun:
+    """The collaborators one benchmark's evaluation needs (built by the entry point)."""
+
+    name: str
+    problems: list[Problem]
+    samples: int
+    results: ResultsFile
+    client: FleetClient
+    tokenizer: object
+    pool: Executor
+    cfg: EvalConfig
+    on_sample: Callable[[SampleRecord], None] = field(default=lambda record: None)
+    """Called after each new sample is written (the progress bar)."""
+
+
+async def _score_and_write(run: BenchmarkRun, problem: Problem, prompt: list[int], index: int, seed: int,
+                           completion: Completion) -> SampleRecord:
+    text = run.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    loop = asyncio.get_running_loop()
+    (result,) = await loop.run_in_executor(run.pool, score_texts, problem, [text])
+    record = SampleRecord(benchmark=run.name, problem_id=problem.id, sample=index, seed=seed, prompt_tokens=len(prompt),
+                          completion_ids=completion.token_ids, finish_reason=completion.finish_reason, text=text,
+                          outcome=result.outcome.value, success=result.success, score=result.score,
+                          detail=result.detail[:500])
+    run.results.append(record)
+    run.on_sample(record)
+    return record
+
+
+async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: int, gate: asyncio.Semaphore,
+               writes: list[asyncio.Task]) -> SampleRecord:
+    seed = sample_seed(run.cfg.seed, problem.id, index)
+    async with gate:
+        try:
+            (completion,) = await run.client.generate(prompt, run.cfg.sampling(seed), n=1)
+        except ValueError as err:
+            raise ValueError(f"benchmark {run.name}, problem {problem.id}: {err} (a prompt plus --max-tokens must fit "
+                             "the server's --max-model-len)") from err
+    # Shielded: once generated, a sample is scored and written even if the evaluation is stopping.
+    write = asyncio.ensure_future(_score_and_write(run, problem, prompt, index, seed, completion))
+    writes.append(write)
+    return await asyncio.shield(write)
+
+
+async def evaluate_benchmark(run: BenchmarkRun, done: dict[tuple[str, int], SampleRecord]
+                             ) -> dict[tuple[str, int], SampleRecord]:
+    """Every sample of the benchmark: ``done`` (what ``run.results`` holds already) and the missing
+    ones, generated now. On an error (or a cancellation) the generations in flight are cancelled,
+    the samples already generated are scored and written, and the error is raised."""
+    done = dict(done)
+    todo = [(p, i) for p in run.problems for i in range(run.samples) if (p.id, i) not in done]
+    if not todo:
+        return done
+    prompts = {p.id: render_prompt(run.tokenizer, p) for p in {p.id: p for p, _ in todo}.values()}
+    gate = asyncio.Semaphore(run.cfg.max_in_flight)
+    writes: list[asyncio.Task] = []
+    tasks = [asyncio.create_task(_one(run, p, prompts[p.id], i, gate, writes)) for p, i in todo]
+    try:
+        for record in await asyncio.gather(*tasks):
+            done[record.key] = record
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in await asyncio.gather(*writes, return_exceptions=True):
+            if isinstance(outcome, BaseException):  # the error that stops the evaluation is raised above
+                log.error("benchmark %s: a generated sample could not be scored or written: %r", run.name, outcome)
+    return done
+
+
+def rescore_at_budgets(records: list[SampleRecord], problems: dict[str, Problem], tokenizer, pool: Executor,
+                       budgets: list[int]) -> dict[int, list[bool]]:
+    """Per budget, each record's success once its trace is cut at that budget (same order as
+    ``records``). Only cut traces are rescored: a trace within the budget keeps its verdict."""
+    out: dict[int, list[bool]] = {}
+    for budget in budgets:
+        cut = [i for i, r in enumerate(records) if r.length > budget]
+        texts = [tokenizer.decode(truncate_at_budget(records[i].completion_ids, records[i].finish_reason, budget)[0],
+                                  skip_special_tokens=True) for i in cut]
+        futures = [pool.submit(score_texts, problems[records[i].problem_id], [t]) for i, t in zip(cut, texts)]
+        success = [r.success for r in records]
+        for i, future in zip(cut, futures):
+            success[i] = future.result()[0].success
+        out[budget] = success
+    return out

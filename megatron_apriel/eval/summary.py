@@ -1,0 +1,54 @@
+"""A benchmark's numbers from its scored samples (pure; formulas in `eval/metrics.py`).
+
+The summary depends only on the set of samples, never on the order they finished in: records
+are taken in problem order, then sample index, so a resumed evaluation reports exactly the
+numbers of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from typing import Sequence
+
+from megatron_apriel.eval.metrics import ks_for, mean_ci95, pass_at_k
+from megatron_apriel.eval.results import SampleRecord
+from megatron_apriel.rollout.types import Problem
+
+
+def ordered_records(problems: Sequence[Problem], records: dict[tuple[str, int], SampleRecord],
+                    samples: int) -> list[SampleRecord]:
+    """The n records of every problem, in problem then sample order; ValueError if one is missing."""
+    missing = [(p.id, i) for p in problems for i in range(samples) if (p.id, i) not in records]
+    if missing:
+        raise ValueError(f"{len(missing)} samples missing (first: {missing[:3]}); rerun the evaluation to finish them.")
+    return [records[(p.id, i)] for p in problems for i in range(samples)]
+
+
+def _pass1_stats(successes: Sequence[bool], problems: int, samples: int) -> dict:
+    per_problem = [sum(successes[j * samples:(j + 1) * samples]) for j in range(problems)]
+    mean, low, high = mean_ci95([c / samples for c in per_problem])
+    out = {"pass@1": mean, "ci95": [low, high]}
+    out["pass@k"] = {str(k): math.fsum(pass_at_k(samples, c, k) for c in per_problem) / problems
+                     for k in ks_for(samples) if k > 1}
+    return out
+
+
+def summarise(problems: Sequence[Problem], ordered: Sequence[SampleRecord], samples: int,
+              budget_success: dict[int, list[bool]] | None = None) -> dict:
+    """pass@1 with its 95% CI, pass@k, output lengths, truncation and outcomes of one benchmark;
+    ``budget_success`` (from `rescore_at_budgets`, same order as ``ordered``) adds pass@1 per budget."""
+    assert len(ordered) == len(problems) * samples
+    lengths = [r.length for r in ordered]
+    out = {"problems": len(problems), "samples_per_problem": samples, "samples": len(ordered)}
+    out.update(_pass1_stats([r.success for r in ordered], len(problems), samples))
+    out["mean_output_tokens"] = math.fsum(lengths) / len(lengths)
+    out["median_output_tokens"] = statistics.median(lengths)
+    out["truncated_share"] = sum(r.truncated for r in ordered) / len(ordered)
+    out["outcomes"] = dict(sorted(Counter(r.outcome for r in ordered).items()))
+    out["verifier_errors"] = out["outcomes"].get("verifier_error", 0)
+    if budget_success:
+        out["pass@1_at_budget"] = {str(b): _pass1_stats(s, len(problems), samples)["pass@1"]
+                                   for b, s in sorted(budget_success.items())}
+    return out
