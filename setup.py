@@ -37,7 +37,8 @@ setup(
         "test": ["pytest>=8"],
         # NVIDIA Apex is not on PyPI (the "apex" there is another project): build it from
         # github.com/NVIDIA/apex if wanted; Megatron falls back to torch kernels without it.
-        "gpu": ["transformer-engine[pytorch]", "vllm"],
+        # vLLM: the range whose RL routes and weight-transfer API we test (the CPU build is 0.32.0).
+        "gpu": ["transformer-engine[pytorch]", "vllm>=0.32,<0.33"],
     },
     entry_points={
         "console_scripts": [
