@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import psutil
 from omegaconf import DictConfig
 
 from megatron_apriel.config import RunConfig
@@ -63,29 +64,31 @@ class Component:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the component's process group, SIGKILL after ``grace_s``. If its leader has
-        already exited (a crash), what is left of the group is killed at once: vLLM's engine and
-        worker processes would otherwise outlive a dead API server."""
+        """SIGTERM to the component's process group, SIGKILL after ``grace_s``. Then what is left
+        is killed: the rest of the group (vLLM's engine and workers outlive a dead API server) and
+        every descendant that left it (torchrun starts each rank in a session of its own, so
+        ranks stuck in a collective would outlive a killed torchrun and keep its ports)."""
         if self.proc is None:
             return
-        if self.proc.poll() is not None:
-            self._kill_group()
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(grace_s)
-        except ProcessLookupError:
-            pass  # it exited between the poll and the signal
-        self._kill_group()  # children that ignored SIGTERM or outlived the leader
-
-    def _kill_group(self) -> None:
+        family = _descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(grace_s)
+            except ProcessLookupError:
+                pass  # it exited between the poll and the signal
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass  # no process of the group is left: the usual case
+        for p in family:
+            try:
+                p.kill()  # psutil checks it is the same process (pid and start time)
+            except psutil.NoSuchProcess:
+                pass  # it exited with its parent: the usual case
 
     def tail(self, lines: int = 30) -> str:
         """The exceptions the log reports (what failed, each once), then its last lines."""
@@ -102,6 +105,13 @@ class LaunchError(RuntimeError):
 
 _EXCEPTION = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
 """A Python traceback's last line (``pkg.mod.SomeError: message``)."""
+
+
+def _descendants(pid: int) -> list:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _die_with_parent() -> None:

@@ -102,3 +102,27 @@ def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tm
     while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the orphaned child survived stop()"
         time.sleep(0.05)
+
+
+def test_stopping_a_component_kills_descendants_that_left_its_process_group(tmp_path):
+    import os
+    import time
+
+    from megatron_apriel.entrypoints.launch import Component
+
+    # like torchrun's ranks: a child in a session of its own, ignoring SIGTERM (stuck in a collective)
+    pid_file = tmp_path / "rank.pid"
+    script = f"setsid bash -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 300' & wait"
+    c = Component("trainer", ["bash", "-c", script], tmp_path / "t.log")
+    c.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    rank = int(pid_file.read_text())
+    assert os.getpgid(rank) != os.getpgid(c.proc.pid)  # out of the group: killpg alone misses it
+    c.stop(grace_s=2)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{rank}").exists() and "Z" not in Path(f"/proc/{rank}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the rank in its own session survived stop()"
+        time.sleep(0.05)

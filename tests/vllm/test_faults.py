@@ -13,6 +13,7 @@ read the same groups. And a full disk under the stream stops the run cleanly.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -167,7 +168,8 @@ def test_the_actor_counts_and_the_data_order_match_the_stream(faulty):
     served = Counter(g.problem_id for g in groups) + Counter(p.problem_id for p in snap.in_flight)
     order = DomainOrder(ProblemPools(load_problems(run / "base" / "addition.jsonl")), seed=SEED)
     assert served == Counter(order.next("math").id for _ in range(sum(served.values())))
-    assert err.count("actor exited with code -9") == 1 and err.count("server_0 exited with code -9") == 1
+    # one restart each: the killed server (whichever registered first) and the killed actor
+    assert err.count("actor exited with code -9") == 1 and len(re.findall(r"server_\d+ exited with code -9", err)) == 1
 
 
 def test_a_full_disk_under_the_stream_stops_the_run_cleanly(tmp_path):
@@ -183,7 +185,8 @@ def test_a_full_disk_under_the_stream_stops_the_run_cleanly(tmp_path):
         groups = stream(run / "rollouts")  # every segment that was written reads back whole
         assert groups and [g.seq for g in groups] == list(range(len(groups)))
         assert not list((run / "rollouts").glob(".seg_*"))  # no torn temporary left behind
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        assert str(run) not in ps
+        left = [p.info for p in psutil.process_iter(["pid", "cmdline"])
+                if str(run) in " ".join(p.info["cmdline"] or [])]
+        assert not left  # every process of the run is gone (trainer ranks live in sessions of their own)
     finally:
         subprocess.run(["umount", "-l", str(run / "rollouts")], check=False)
