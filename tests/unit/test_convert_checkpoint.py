@@ -156,19 +156,24 @@ def test_llava_round_trip_carries_vision_tensors_and_keeps_key_layout(models, la
     assert (tmp_path / "back" / "chat_template.jinja").is_file()
 
 
-def test_megatron_logits_match_transformers_at_tp2_pp2_dp2_and_export_of_megatron_saves(models, tmp_path):
-    """One torchrun launch: every family loaded at TP=2, PP=2 and TP=1/DP=2 from the converted
-    checkpoint; the mistral model re-saved by Megatron itself at TP=2 and PP=2, then exported."""
-    spec = {"models": [{"name": n, "ckpt": str(m["mcore"]), "arch": asdict(m["arch"])} for n, m in models.items()],
-            "tokens": TOKENS,
-            "resave": {"name": "mistral", "tp2": str(tmp_path / "resave_tp2"), "pp2": str(tmp_path / "resave_pp2")}}
+def run_convert_parity(spec: dict, tmp_path) -> dict:
+    """One 2-rank torchrun of tests/dist/convert_parity.py over ``spec``; its saved results."""
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(REPO / "tests/dist/convert_parity.py"), str(tmp_path / "spec.json"), str(tmp_path / "out.pt")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    results = torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt")
+
+
+def test_megatron_logits_match_transformers_at_tp2_pp2_dp2_and_export_of_megatron_saves(models, tmp_path):
+    """One torchrun launch: every family loaded at TP=2, PP=2 and TP=1/DP=2 from the converted
+    checkpoint; the mistral model re-saved by Megatron itself at TP=2 and PP=2, then exported."""
+    spec = {"models": [{"name": n, "ckpt": str(m["mcore"]), "arch": asdict(m["arch"])} for n, m in models.items()],
+            "tokens": TOKENS,
+            "resave": {"name": "mistral", "tp2": str(tmp_path / "resave_tp2"), "pp2": str(tmp_path / "resave_pp2")}}
+    results = run_convert_parity(spec, tmp_path)
     for name, m in models.items():
         for layout in ("tp2", "pp2", "tp1_dp2"):
             torch.testing.assert_close(results[(name, layout)], m["logits"], rtol=0, atol=1e-4,

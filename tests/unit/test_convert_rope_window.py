@@ -7,21 +7,15 @@ converts with apriel-convert and compares Megatron's logits at TP=2, PP=2 and DP
 in one torchrun launch of tests/dist/convert_parity.py, and exports without a reference.
 """
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 import torch
 
 from megatron_apriel.convert.checkpoint import hf_to_mcore, mcore_to_hf
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.parallel.rendezvous import free_port
+from tests.unit.test_convert_checkpoint import run_convert_parity
 
-REPO = Path(__file__).resolve().parents[2]
 SEQ = 64
 TOKENS = [[(7 * i + 3) % 250 for i in range(SEQ)], [(11 * i + 5) % 250 for i in range(SEQ)]]
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -80,13 +74,7 @@ def test_archs_carry_the_feature(converted):
 def test_megatron_logits_match_transformers_at_tp2_pp2_dp2(converted, tmp_path):
     spec = {"models": [{"name": n, "ckpt": str(m["mcore"]), "arch": asdict(m["arch"])} for n, m in converted.items()],
             "tokens": TOKENS, "resave": {"name": None}}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(REPO / "tests/dist/convert_parity.py"), str(tmp_path / "spec.json"), str(tmp_path / "out.pt")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    results = torch.load(tmp_path / "out.pt")
+    results = run_convert_parity(spec, tmp_path)
     for name, m in converted.items():
         for layout in ("tp2", "pp2", "tp1_dp2"):
             torch.testing.assert_close(results[(name, layout)], m["logits"], rtol=0, atol=1e-4,
