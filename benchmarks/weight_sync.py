@@ -1,14 +1,20 @@
 """Weight-sync bandwidth and generation pause, on this machine (prints numbers; asserts nothing).
 
-    PYTHONPATH=. python benchmarks/weight_sync.py                 # bandwidth only (gloo, 2 processes)
-    PYTHONPATH=. python benchmarks/weight_sync.py --vllm          # + pause per update on a real vLLM server
+    PYTHONPATH=. python benchmarks/weight_sync.py --breakdown --repeats 5   # bandwidth (gloo, 2 processes)
+    PYTHONPATH=. python benchmarks/weight_sync.py --json                    # the same, machine-readable
+    PYTHONPATH=. python benchmarks/weight_sync.py --vllm                    # + pause per update on a real vLLM server
 
 Bandwidth part: a sender and a receiver process joined by our stage group (gloo on CPU). For each
-model, the same bytes three ways: ours (plan + checksummed buckets, double-buffered async
-broadcast, receiver-side verification and host staging), a raw single flat-buffer broadcast
-(the physical limit of the link), and one broadcast per tensor (PipelineRL's way). Median of
-``--repeats`` (all variants interleaved in each round). ``--breakdown`` adds ours without
-checksums and without packing, to show where the time beyond the raw broadcast goes.
+model, the same bytes moved several ways, all interleaved in each round, median of ``--repeats``:
+- ``ours``: the plan, direct buckets (tensors >= ``--direct-mb`` from their own memory), packed
+  buckets for the rest, the checksum table, receiver-side verification and host staging;
+- ``ours_nocheck``: the same without computing or checking checksums;
+- ``raw``: one broadcast of one flat buffer of real data (the link's limit here);
+- ``per_tensor``: one synchronous broadcast per tensor, no packing, no checksum (PipelineRL's way);
+- ``checksum_pass``: one sum64 pass over the same bytes, alone, on one process;
+- ``wire_only`` (``--breakdown``): ours' broadcasts with every bucket's bytes ready beforehand, so
+  ``wire_only - raw`` is what the extra broadcasts cost and ``ours_nocheck - wire_only`` what the
+  packing copies on the critical path cost.
 
 Pause part (``--vllm``): a one-rank Megatron trainer pushes the tiny model to a real
 ``apriel-serve`` while 16 requests decode; reports the wall time between /pause and /resume.
@@ -17,10 +23,12 @@ Pause part (``--vllm``): a one-rank Megatron trainer pushes the tiny model to a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.multiprocessing as mp
@@ -46,27 +54,31 @@ def llama_like(hidden: int, ffn: int, layers: int, vocab: int, kv_ratio: int = 2
 
 
 MODELS = {
-    "tiny (testing.tiny_model)": llama_like(128, 256, 2, 1024),
-    "many small tensors (48 layers)": llama_like(256, 768, 48, 4096),
-    "mid (8 layers, hidden 1024)": llama_like(1024, 2816, 8, 16384),
+    "tiny": llama_like(128, 256, 2, 1024),
+    "many_small": llama_like(256, 768, 48, 4096),
+    "mid": llama_like(1024, 2816, 8, 16384),
 }
+DESCRIPTIONS = {"tiny": "tiny (testing.tiny_model)", "many_small": "many small tensors (48 layers)",
+                "mid": "mid (8 layers, hidden 1024)"}
 
 
-def _variants(group, rank: int, shapes, tensors, layouts, algo: str, checker, staging: dict):
+def _variants(group, rank: int, shapes, tensors, layouts, algo: str, breakdown: bool):
     """Each variant moves the same bytes from rank 0 to rank 1; all buffers are allocated once and
-    reused (as the GPU caching allocator would), so no variant pays page faults the others skip."""
+    reused (as the GPU caching allocator would), so no variant pays page faults the others skip.
+    Every sender-side buffer holds real data: a never-written buffer reads the kernel's zero page."""
     total = sum(l.nbytes for l in layouts)
-    flat = torch.zeros(total, dtype=torch.uint8)
-    buffers = DoubleBuffer(torch.device("cpu"))
-    plain = [B.new_wire_buffer(l).zero_() for l in layouts]
+    flat = torch.randint(0, 256, (total,), dtype=torch.uint8)
+    buffers, checker, staging = DoubleBuffer(torch.device("cpu")), ThreadPoolExecutor(1), {}
     recv = [torch.zeros(s) for _, s in shapes] if rank == 1 else [t for _, t in tensors]
     plan = StagePlan(version=1, stage=0, num_stages=1, checksum=algo, buckets=layouts)
 
-    def ours():
-        if rank == 0:
-            send_stage(group, plan, iter(tensors), buffers)
-        elif receive_stage(group, checker, staging).bad_buckets:
-            raise RuntimeError("a bucket failed its checksum in the benchmark")
+    def stream(checksums: bool):
+        def run():
+            if rank == 0:
+                send_stage(group, plan, iter(tensors), buffers, checksums=checksums)
+            elif receive_stage(group, checker, staging, checksums=checksums).bad_buckets:
+                raise RuntimeError("a bucket failed its checksum in the benchmark")
+        return run
 
     def raw():
         group.broadcast(flat)
@@ -75,40 +87,46 @@ def _variants(group, rank: int, shapes, tensors, layouts, algo: str, checker, st
         for buf in recv:
             group.broadcast(buf)
 
-    def prepacked_buckets():  # ours minus packing and checksums: what bucket boundaries cost
-        inflight = None
-        for wire in plain:
-            if inflight is not None:
-                inflight.wait()
-            inflight = group.broadcast(wire, async_op=True)
-        inflight.wait()
+    def checksum_pass():  # one pass over the bytes, alone (the receiver idles)
+        if rank == 0:
+            for _, t in tensors:
+                B.checksum(B.as_bytes(t), algo)
 
-    def pack_no_checksum():  # ours minus both checksum passes (and the plan message)
-        inflight, it = None, iter(tensors)
-        for layout in layouts:
-            wire = buffers.wire(layout, layout.index % 2)
-            if rank == 0:
-                B.pack(layout, (next(it) for _ in layout.tensors), wire)
-            if inflight is not None:
-                inflight.wait()
-            inflight = group.broadcast(wire, async_op=True)
-        inflight.wait()
+    variants = {"ours": stream(True), "ours_nocheck": stream(False), "raw": raw, "per_tensor": per_tensor,
+                "checksum_pass": checksum_pass}
+    if breakdown:
+        ready = [_ready_bytes(layout, tensors) for layout in layouts] if rank == 0 else \
+            [torch.empty(l.nbytes, dtype=torch.uint8) for l in layouts]
 
-    return {"ours": ours, "raw": raw, "per_tensor": per_tensor, "prepacked buckets, no checksum": prepacked_buckets,
-            "pack + buckets, no checksum": pack_no_checksum}
+        def wire_only():  # ours' broadcasts, bytes ready: what bucket boundaries cost on the wire
+            inflight = []
+            for data in ready:
+                if len(inflight) == 2:
+                    inflight.pop(0).wait()
+                inflight.append(group.broadcast(data, async_op=True))
+            for work in inflight:
+                work.wait()
+        variants["wire_only"] = wire_only
+    return variants
 
 
-def _worker(rank: int, port: int, shapes, bucket_bytes: int, repeats: int, algo: str, breakdown: bool, out) -> None:
-    from concurrent.futures import ThreadPoolExecutor
+def _ready_bytes(layout, tensors) -> torch.Tensor:
+    by_name = dict(tensors)
+    if layout.direct:
+        return B.as_bytes(by_name[layout.tensors[0].name])
+    wire = B.new_wire_buffer(layout)
+    B.pack(layout, [(s.name, by_name[s.name]) for s in layout.tensors], wire)
+    return wire
 
+
+def _worker(rank: int, port: int, shapes, bucket_bytes: int, direct_bytes: int, repeats: int, algo: str,
+            breakdown: bool, out) -> None:
     torch.set_num_threads(1)
     group = join_stage_group(Endpoint(host="127.0.0.1", port=port), rank, 2, "gloo", 300, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     tensors = [(n, torch.randn(s, generator=g)) for n, s in shapes] if rank == 0 else []
-    layouts = B.plan_buckets([(n, torch.float32, s) for n, s in shapes], bucket_bytes)
-    variants = _variants(group, rank, shapes, tensors, layouts, algo, ThreadPoolExecutor(1), {})
-    if not breakdown:
-        variants = {k: variants[k] for k in ("ours", "raw", "per_tensor")}
+    layouts = B.plan_buckets([(n, torch.float32, s) for n, s in shapes], bucket_bytes, direct_bytes)
+    variants = _variants(group, rank, shapes, tensors, layouts, algo, breakdown)
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeats + 1):  # the first round warms every buffer up and is not counted
         for name, run in variants.items():  # interleaved, so load from other processes hits all alike
@@ -118,35 +136,86 @@ def _worker(rank: int, port: int, shapes, bucket_bytes: int, repeats: int, algo:
             group.broadcast(torch.zeros(1))
             times[name].append(time.perf_counter() - t0)
     if rank == 1:
-        out.put((sum(l.nbytes for l in layouts), {k: statistics.median(v[1:]) for k, v in times.items()}))
+        direct = sum(l.direct for l in layouts)
+        rounds = {k: v[1:] for k, v in times.items()}
+        out.put({"bytes": sum(l.nbytes for l in layouts), "direct_buckets": direct,
+                 "packed_buckets": len(layouts) - direct,
+                 "direct_mb": sum(l.nbytes for l in layouts if l.direct) / 1e6,
+                 **{k: statistics.median(v) for k, v in rounds.items()},
+                 "paired": _paired(rounds)})
     group.close()
 
 
-def _run_model(shapes, bucket_bytes: int, repeats: int, algo: str, breakdown: bool):
+def _paired(rounds: dict[str, list[float]]) -> dict[str, float]:
+    """Medians of per-round ratios: variants of one round ran back to back, so a ratio within a
+    round cancels the load drifting between rounds (this machine's raw speed varies up to 2x)."""
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rounds[a], rounds[b]))
+    return {"raw_over_nocheck": ratio("raw", "ours_nocheck"), "raw_over_ours": ratio("raw", "ours"),
+            "per_tensor_over_nocheck": ratio("per_tensor", "ours_nocheck"),
+            "per_tensor_over_ours": ratio("per_tensor", "ours"),
+            "check_cost_over_one_pass": statistics.median(
+                (o - n) / c for o, n, c in zip(rounds["ours"], rounds["ours_nocheck"], rounds["checksum_pass"]))}
+
+
+def measure(model: str, bucket_bytes: int, direct_bytes: int, repeats: int, algo: str, breakdown: bool) -> dict:
+    shapes = MODELS[model]
+    # huge pages for every buffer of every variant: with 4 KiB pages this VM's raw broadcast of the
+    # same 160 MB swings between 45 and 140 ms from one round to the next
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, shapes, bucket_bytes, repeats, algo, breakdown, out))
-             for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, shapes, bucket_bytes, direct_bytes, repeats, algo, breakdown,
+                                               out)) for r in range(2)]
     for p in procs:
         p.start()
-    total, t = out.get()
+    t = out.get()
     for p in procs:
         p.join()
-    return total, t
+    row = {"model": model, "tensors": len(shapes), "mb": round(t.pop("bytes") / 1e6, 2),
+           **{f"{k}_s" if k in ("ours", "ours_nocheck", "raw", "per_tensor", "checksum_pass", "wire_only") else k: v
+              for k, v in t.items()}}
+    p = row["paired"]
+    row["targets"] = {  # from the paired ratios
+        "nocheck_at_least_per_tensor": p["per_tensor_over_nocheck"] >= 1.0,
+        "nocheck_of_raw": p["raw_over_nocheck"],
+        "check_within_nocheck_plus_one_pass": p["check_cost_over_one_pass"] <= 1.0,
+        "check_at_least_per_tensor": p["per_tensor_over_ours"] >= 1.0,
+    }
+    return row
 
 
-def bandwidth(bucket_bytes: int, repeats: int, algo: str, breakdown: bool) -> None:
-    print(f"gloo over loopback, bucket {bucket_bytes / 2**20:.0f} MiB, checksum {algo}, median of {repeats}, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'model':34s} {'tensors':>7s} {'MB':>8s} {'ours s':>8s} {'raw s':>8s} {'per-tensor s':>12s} "
-          f"{'ours/raw bw':>11s} {'x vs per-tensor':>15s}")
-    for name, shapes in MODELS.items():
-        total, t = _run_model(shapes, bucket_bytes, repeats, algo, breakdown)
-        print(f"{name:34s} {len(shapes):7d} {total / 1e6:8.1f} {t['ours']:8.4f} {t['raw']:8.4f} {t['per_tensor']:12.4f} "
-              f"{t['raw'] / t['ours']:11.2f} {t['per_tensor'] / t['ours']:15.2f}")
-        for k in [k for k in t if k not in ("ours", "raw", "per_tensor")]:
-            print(f"    {k:44s} {t[k]:8.4f} s   {t['raw'] / t[k]:5.2f} of raw bw")
+def bandwidth(models: list[str], bucket_bytes: int, direct_bytes: int, repeats: int, algo: str, breakdown: bool,
+              as_json: bool) -> None:
+    rows = [measure(m, bucket_bytes, direct_bytes, repeats, algo, breakdown) for m in models]
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"gloo over loopback, packed buckets {bucket_bytes / 2**20:.0f} MiB, direct from "
+          f"{direct_bytes / 2**20:g} MiB, checksum {algo}, median of {repeats}, load average {os.getloadavg()[0]:.1f}")
+    print("times: medians over rounds; ratios: medians of per-round ratios (each round runs every variant back to back)")
+    print(f"{'model':31s} {'tensors':>7s} {'MB':>7s} {'ours':>7s} {'nocheck':>7s} {'raw':>7s} {'per-t':>7s} "
+          f"{'1 pass':>7s}  {'nocheck/raw':>11s} {'ours/raw':>8s} {'nocheck vs per-t':>16s} {'ours vs per-t':>13s} "
+          f"{'check cost/1 pass':>17s}")
+    for r in rows:
+        p = r["paired"]
+        print(f"{DESCRIPTIONS[r['model']]:31s} {r['tensors']:7d} {r['mb']:7.1f} {r['ours_s']:7.4f} "
+              f"{r['ours_nocheck_s']:7.4f} {r['raw_s']:7.4f} {r['per_tensor_s']:7.4f} {r['checksum_pass_s']:7.4f}  "
+              f"{p['raw_over_nocheck']:11.2f} {p['raw_over_ours']:8.2f} {p['per_tensor_over_nocheck']:15.2f}x "
+              f"{p['per_tensor_over_ours']:12.2f}x {p['check_cost_over_one_pass']:17.2f}")
+        if breakdown:
+            _print_breakdown(r)
+
+
+def _print_breakdown(r: dict) -> None:
+    gap = r["ours_s"] - r["raw_s"]
+    print(f"    {r['direct_buckets']} direct buckets ({r['direct_mb']:.1f} MB from their own memory), "
+          f"{r['packed_buckets']} packed; gap to raw {gap * 1e3:+.1f} ms = "
+          f"{(r['wire_only_s'] - r['raw_s']) * 1e3:+.1f} ms more broadcasts (bytes ready) "
+          f"{(r['ours_nocheck_s'] - r['wire_only_s']) * 1e3:+.1f} ms packing on the critical path "
+          f"{(r['ours_s'] - r['ours_nocheck_s']) * 1e3:+.1f} ms checksums (one pass alone: "
+          f"{r['checksum_pass_s'] * 1e3:.1f} ms)")
 
 
 def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
@@ -216,14 +285,21 @@ def pause(updates: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--direct-mb", type=float, nargs="+", default=[B.DEFAULT_DIRECT_BYTES / 2**20],
+                    help="tensors at least this large go direct (weight_sync.direct_bytes); several values: "
+                         "one table each, to find the crossover")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--checksum", choices=["sum64", "crc32"], default="sum64")
     ap.add_argument("--breakdown", action="store_true",
-                    help="also time ours without checksums, and without packing, to separate their costs")
+                    help="also time ours' broadcasts with the bytes ready, to separate wire and packing costs")
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    ap.add_argument("--json", action="store_true", help="print the bandwidth figures as a JSON list, one per model")
     ap.add_argument("--vllm", action="store_true", help="also measure the pause on a real vLLM server")
     ap.add_argument("--updates", type=int, default=5)
     args = ap.parse_args()
-    bandwidth(args.bucket_mb << 20, args.repeats, args.checksum, args.breakdown)
+    for direct_mb in args.direct_mb:
+        bandwidth(args.models, args.bucket_mb << 20, int(direct_mb * 2**20), args.repeats, args.checksum,
+                  args.breakdown, args.json)
     if args.vllm:
         pause(args.updates)
 

@@ -18,7 +18,9 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: direct buckets (a tensor sent from its own memory) and one checksum table per stage after its
+buckets (1 had an 8-byte checksum trailer on each bucket)."""
 DTYPES = ("float32", "bfloat16", "float16")
 ChecksumAlgo = Literal["sum64", "crc32"]
 """sum64: position-weighted 64-bit word sums, on the buffer's own device (host: numpy; GPU:
@@ -74,12 +76,17 @@ class TensorSlot(BaseModel):
 class BucketLayout(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     index: int = Field(ge=0)
+    """Position in the stage's send order."""
     nbytes: int = Field(gt=0)
-    """Payload size. On the wire the bucket is ``nbytes`` payload + 8 bytes of checksum."""
+    """Bytes on the wire."""
+    direct: bool = False
+    """One tensor sent from its own memory (no packing copy); else tensors packed at aligned offsets."""
     tensors: list[TensorSlot] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _slots_fit(self):
+        if self.direct and (len(self.tensors) != 1 or self.tensors[0].offset or self.tensors[0].nbytes != self.nbytes):
+            raise ValueError(f"bucket {self.index}: a direct bucket holds exactly one tensor of its own size.")
         end = 0
         for t in self.tensors:
             if t.offset < end or t.offset + t.nbytes > self.nbytes:
@@ -89,7 +96,9 @@ class BucketLayout(BaseModel):
 
 
 class StagePlan(_Message):
-    """Everything one stage will broadcast in this update, sent ahead of its buckets."""
+    """Everything one stage will broadcast in this update, sent ahead of its buckets. After the last
+    bucket the stage broadcasts its checksum table: one int64 per bucket (``checksum`` over the
+    bucket's bytes), so a direct bucket needs no room of its own for it."""
 
     kind: Literal["stage_plan"] = "stage_plan"
     version: int = Field(ge=0)

@@ -9,8 +9,9 @@ this module in the worker registers the engine) and ``--weight-transfer-config
 Lifecycle, driven by the trainer through vLLM's RL routes (see ``sender.WeightSyncClient``):
 1. ``/init_weight_transfer_engine`` (``TransferInit``): join one group per trainer stage.
 2. ``/start_weight_update``: start one receiving thread per stage and return at once. The threads
-   take the stage's plan, then its buckets, checksum each bucket while the next one arrives, and
-   keep the payloads in host memory. Generation continues meanwhile.
+   take the stage's plan, then its buckets, checksum each bucket while the next one arrives,
+   compare with the stage's checksum table, and keep the bytes in host memory (pinned when they
+   arrive on a GPU: two device buffers in turn, copied out on a side stream). Generation continues meanwhile.
 3. ``/pause?mode=keep`` then ``/update_weights`` (``UpdateRequest``): wait for the threads, then
    check everything (versions, every stage present once, checksums, names and shapes against the
    served checkpoint). Only then load the staged tensors through vLLM's layerwise reload, which
@@ -40,7 +41,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
-from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
+from megatron_apriel.weight_sync.stream import StageInbox, device_tensors, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
 log = logging.getLogger("vllm.apriel.weight_sync")
@@ -126,6 +127,8 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         self._futures = [self._pool.submit(self._receive_stage, g) for g in self.groups]
 
     def _receive_stage(self, group: StageGroup) -> StageInbox:
+        if group.device.type == "cuda":
+            torch.cuda.set_device(group.device)  # a new thread starts on device 0
         return receive_stage(group, self._pool, self._staging.setdefault(id(group), {}))
 
     def _collect(self, request: UpdateRequest) -> list[StageInbox]:
@@ -192,7 +195,10 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model)
-        self.model.load_weights(t for inbox in inboxes for t in inbox.tensors())
+        if self.device.type == "cuda":  # pinned host staging -> device, overlapped with loading
+            self.model.load_weights(device_tensors(inboxes, self.device))
+        else:
+            self.model.load_weights(t for inbox in inboxes for t in inbox.tensors())
         finalize_layerwise_reload(self.model, self.model_config)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

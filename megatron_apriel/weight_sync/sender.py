@@ -18,8 +18,9 @@ that replica only take part in the TP gathers; other DP replicas do nothing but 
 report. Global rank 0 (stage 0's sender) is also the coordinator that drives the HTTP routes.
 
 One update, as seen by a server: ``/start_weight_update`` (its receiving threads start; decoding
-goes on) -> every stage broadcasts its plan and checksummed buckets on its own group, gathering
-and converting bucket k+1 while bucket k is on the wire (async broadcast, two buffers) ->
+goes on) -> every stage broadcasts its plan, its buckets and their checksum table on its own
+group, gathering and converting the next tensors while earlier buckets are on the wire (async
+broadcasts; large tensors straight from their own memory, small ones packed) ->
 ``/pause?mode=keep`` -> ``/update_weights`` (verify everything, then load) ->
 ``/finish_weight_update`` (new version label) -> ``/resume``. Requests in flight keep their KV
 cache and continue under the new weights; their outputs carry both version labels.
@@ -61,7 +62,10 @@ Members = Union[Sequence[str], Callable[[], list[Member]]]
 @dataclass
 class WeightSyncConfig:
     bucket_bytes: int = B.DEFAULT_BUCKET_BYTES
-    """Bucket payload size; two buckets per stage sender are alive at once."""
+    """Packed bucket size; two packing buffers per stage sender."""
+    direct_bytes: int = B.DEFAULT_DIRECT_BYTES
+    """Tensors at least this large are sent from their own memory (or their TP gather's output),
+    without a packing copy; smaller ones are packed."""
     backend: str = "auto"
     """auto (nccl with CUDA, gloo without), nccl or gloo. Must match the servers' engine."""
     advertise_host: Optional[str] = None
@@ -84,6 +88,8 @@ class WeightSyncConfig:
             raise ValueError(f"weight_sync.push_attempts must be >= 1, got {self.push_attempts}.")
         if self.bucket_bytes < B.ALIGN:
             raise ValueError(f"weight_sync.bucket_bytes must be >= {B.ALIGN}, got {self.bucket_bytes}.")
+        if self.direct_bytes < 1:
+            raise ValueError(f"weight_sync.direct_bytes must be >= 1, got {self.direct_bytes}.")
 
 
 class WeightSender:
@@ -93,6 +99,9 @@ class WeightSender:
         self.members = members if callable(members) else (lambda urls=tuple(members): [(u, "") for u in urls])
         self.backend = cfg.backend if cfg.backend != "auto" else ("nccl" if ctx.device.type == "cuda" else "gloo")
         self.device = ctx.device if self.backend == "nccl" else torch.device("cpu")
+        if self.backend == "nccl" and cfg.checksum != "sum64":
+            raise ValueError(f"weight_sync.checksum={cfg.checksum} reads host memory; NCCL buckets stay on the GPU: "
+                             "use weight_sync.checksum=sum64 (computed on the device).")
         self.algo = cfg.checksum
         self.weights = StageWeights(model, ctx, vocab_size, to_hf)
         self.is_stage_sender = ctx.tp_rank == 0 and ctx.dp_rank == 0
@@ -197,7 +206,7 @@ class WeightSender:
 
     def _send_stage(self, version: int) -> tuple[int, int, Optional[str]]:
         if self._layouts is None:
-            self._layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes)
+            self._layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes, self.cfg.direct_bytes)
         layouts = self._layouts
         plan = StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp, checksum=self.algo,
                          buckets=layouts)

@@ -65,9 +65,15 @@ class StageWeights:
     def _gather(self, local: str, canonical: str, param) -> torch.Tensor:
         tensor = param.detach()
         if getattr(param, "tensor_model_parallel", False) and self.ctx.dims.tp > 1:
-            parts = [torch.empty_like(tensor) for _ in range(self.ctx.dims.tp)]
-            dist.all_gather(parts, tensor.contiguous(), group=self.ctx.pgs.tp)
-            tensor = unshard(parts, param.partition_dim, is_glu_fc1(local, self.model))
+            tp, glu = self.ctx.dims.tp, is_glu_fc1(local, self.model)
+            if param.partition_dim == 0 and not glu:  # the gather's output is the full tensor: no concat copy
+                full = tensor.new_empty((tp * tensor.shape[0], *tensor.shape[1:]))
+                dist.all_gather_into_tensor(full, tensor.contiguous(), group=self.ctx.pgs.tp)
+                tensor = full
+            else:
+                parts = [torch.empty_like(tensor) for _ in range(tp)]
+                dist.all_gather(parts, tensor.contiguous(), group=self.ctx.pgs.tp)
+                tensor = unshard(parts, param.partition_dim, glu)
         if canonical in VOCAB_PARAMS:
             tensor = tensor[: self.vocab_size]
         return tensor

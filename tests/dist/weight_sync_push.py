@@ -6,8 +6,9 @@ Steps, each gated by a file the test writes into ``--work`` (so it can run reque
 1. connect, write ``ready``;
 2. on ``go1``: load perturbed weights, push them as ``--version``, save the trainer's log-probs of
    the fixed prompts and the report to ``step1.pt``, write ``done1``;
-3. on ``go2``: load other weights, push them as ``--version + 1`` with one bucket's bytes flipped
-   after its checksum was taken, save the report to ``step2.pt``, write ``done2``.
+3. on ``go2``: load other weights, push them as ``--version + 1`` with one byte flipped on the wire
+   after its checksum was taken (tp2: in a direct bucket, the zero-copy path; pp2: in a packed
+   one), save the report to ``step2.pt``, write ``done2``.
 """
 
 import argparse
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--version", type=int, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--bucket-bytes", type=int, default=64 * 1024)
+    ap.add_argument("--direct-bytes", type=int, default=256 * 1024)  # the tiny model's embedding and lm_head
     args = ap.parse_args()
     work = Path(args.work)
     tp, pp = (2, 1) if args.layout == "tp2" else (1, 2)
@@ -70,7 +72,8 @@ def main():
     arch = ModelArch.from_hf_dir(args.model)
     model = build_model(ModelConfig(hf_path=args.model), ctx)
     base = hf_to_canonical(load_file(str(Path(args.model) / "model.safetensors")), arch)
-    sender = WeightSender(WeightSyncConfig(bucket_bytes=args.bucket_bytes, advertise_host="127.0.0.1",
+    sender = WeightSender(WeightSyncConfig(bucket_bytes=args.bucket_bytes, direct_bytes=args.direct_bytes,
+                                           advertise_host="127.0.0.1",
                                            base_port=args.port, timeout_s=120),
                           [args.server], model, ctx, arch.vocab_size, table_to_hf(arch))
     sender.ensure_connected()
@@ -90,11 +93,16 @@ def main():
 
     wait_for(work / "go2")
     load_full_state_dict(model, perturbed(base, args.version + 1), ctx)
-    corrupt_stage = ctx.dims.pp - 1
+    corrupt_stage, direct = ctx.dims.pp - 1, args.layout == "tp2"
+    flipped: list[int] = []
 
-    def flip(stage: int, index: int, wire: torch.Tensor) -> None:
-        if stage == corrupt_stage and index == 1:
-            wire[100] ^= 0x10
+    def flip(stage: int, layout, data: torch.Tensor):
+        if stage != corrupt_stage or layout.direct != direct or flipped:
+            return None
+        flipped.append(layout.index)
+        bad = data.clone()  # a direct bucket's bytes are the model's own tensor
+        bad[-1 if direct else 100] ^= 0x10
+        return bad
 
     sender.on_bucket = flip
     report2 = sender.push(args.version + 1)

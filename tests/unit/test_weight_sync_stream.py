@@ -1,5 +1,6 @@
-"""One stage's update over a real 2-process gloo group: buckets (with strided sources and mixed
-dtypes) arrive intact, and a byte flipped after sealing marks that bucket bad (no vLLM)."""
+"""One stage's update over a real 2-process gloo group: direct and packed buckets (with strided
+sources and mixed dtypes) arrive intact, and a byte flipped on the wire after the checksum was
+taken, in any bucket of either kind and at either end, marks exactly that bucket bad (no vLLM)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -21,24 +22,34 @@ def _tensors():
             ("half", torch.randn(33, generator=g).to(torch.bfloat16)), ("big2", torch.randn(1 << 15, generator=g))]
 
 
+DIRECT = 200_000  # bytes: "big" and "strided_big" (614 400 each) go direct, the rest is packed
+CORRUPT = [None, (0, 0), (1, -1), (2, 100_000), (2, -1)]  # (bucket, byte position) flipped on the wire
+
+
 def _worker(rank: int, port: int, out) -> None:
     group = join_stage_group(Endpoint(host="127.0.0.1", port=port), rank, 2, "gloo", 60, torch.device("cpu"))
     tensors = _tensors()
-    layouts = B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors], 1 << 20)
+    layouts = B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors], 1 << 20, DIRECT)
     results = []
-    for corrupt in (None, 1):
+    for corrupt in CORRUPT:
         plan = StagePlan(version=1, stage=0, num_stages=1, checksum="sum64", buckets=layouts)
         if rank == 0:
-            def flip(stage, index, data, corrupt=corrupt):
-                if index == corrupt:
-                    data[5] ^= 0x01
-            send_stage(group, plan, iter([(n, t.clone()) for n, t in tensors]), DoubleBuffer(torch.device("cpu")), flip)
+            def flip(stage, layout, data, corrupt=corrupt):
+                if corrupt is not None and layout.index == corrupt[0]:
+                    bad = data.clone()  # a direct bucket's bytes are the sender's own tensor: never touch them
+                    bad[corrupt[1]] ^= 0x01
+                    return bad
+                return None
+            source = [(n, t.clone()) for n, t in tensors]
+            send_stage(group, plan, iter(source), DoubleBuffer(torch.device("cpu")), flip)
+            assert all(torch.equal(a, b) for (_, a), (_, b) in zip(tensors, source))
         else:
             inbox = receive_stage(group, ThreadPoolExecutor(1))
-            same = [torch.equal(a, b) for (_, a), (_, b) in zip(tensors, inbox.tensors(), strict=True)]
-            results.append((len(inbox.bad_buckets), all(same)))
+            got = dict(inbox.tensors())
+            same = {n: torch.equal(t, got[n]) for n, t in tensors}
+            results.append(([b.split()[4] for b in inbox.bad_buckets], sorted(n for n, ok in same.items() if not ok)))
     if rank == 1:
-        out.put(([[s.name for s in b.tensors] for b in layouts], results))
+        out.put(([([s.name for s in b.tensors], b.direct) for b in layouts], results))
     group.close()
 
 
@@ -49,12 +60,13 @@ def test_buckets_roundtrip_and_corruption_is_caught():
     procs = [ctx.Process(target=_worker, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
-    names, results = out.get()
+    layouts, results = out.get()
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    assert names == [["small", "big"], ["strided_big", "half", "big2"]]
-    assert results == [(0, True), (1, False)]
+    assert layouts == [(["big"], True), (["strided_big"], True), (["small", "half", "big2"], False)]
+    # bytes 100 000 and -1 of the packed bucket fall in big2 (small@0, half@128, big2@256)
+    assert results == [([], []), (["0"], ["big"]), (["1"], ["strided_big"]), (["2"], ["big2"]), (["2"], ["big2"])]
 
 
 def _dying_worker(rank: int, port: int, out) -> None:

@@ -3,7 +3,8 @@
 For each layout: weights pushed while 16 long requests are decoding; every request completes
 (none aborted) and reports the versions its tokens came from; the server's prompt log-probs then
 equal the trainer's (fp32, atol 1e-4); a push with one flipped byte is rejected, the server keeps
-serving the previous weights and version, and says why.
+serving the previous weights and version, and says why (TP=2: the byte is in a tensor sent from
+its own memory, the zero-copy path; PP=2: in a packed bucket).
 """
 
 import asyncio
@@ -106,6 +107,8 @@ def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server
         report = torch.load(tmp_path / "step2.pt")["report"]
         assert not report["accepted"]
         assert "corrupted bucket" in report["rejected"][url] and "checksum" in report["rejected"][url]
+        kind = "direct" if layout == "tp2" else "packed"
+        assert f"{kind} bucket" in report["rejected"][url], report["rejected"][url]
         assert server_prompt_logprobs(url) == served
         assert httpx.get(url + "/weight_info").json()["weight_version"] == str(version)
         assert proc.wait(60) == 0, proc.stdout.read()[-4000:]
