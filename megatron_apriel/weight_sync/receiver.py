@@ -41,7 +41,8 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
-from megatron_apriel.weight_sync.stream import StageInbox, device_tensors, receive_stage
+from megatron_apriel.weight_sync.device_staging import device_tensors
+from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
 log = logging.getLogger("vllm.apriel.weight_sync")

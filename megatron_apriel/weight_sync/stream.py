@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from megatron_apriel.weight_sync import buckets as B
+from megatron_apriel.weight_sync.device_staging import DeviceStaging, host_buffer
 from megatron_apriel.weight_sync.protocol import BucketLayout, StagePlan
 from megatron_apriel.weight_sync.transport import StageGroup, recv_plan, send_plan
 
@@ -173,46 +174,6 @@ class StageInbox:
             yield from B.unpack(layout, wire)
 
 
-def _host_buffer(pool: dict, layout: BucketLayout, pin: bool) -> torch.Tensor:
-    """Reused across updates: fresh multi-MB buffers cost page faults (and, pinned, a slow
-    registration) that take longer than the transfer itself."""
-    if layout.index not in pool or pool[layout.index].numel() < layout.nbytes:
-        pool[layout.index] = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin)
-    return pool[layout.index][: layout.nbytes]
-
-
-class _DeviceStaging:
-    """GPU receiver: buckets arrive in two device buffers in turn; each is checksummed on the
-    device, then copied to pinned host staging on a side stream while the next bucket arrives.
-    Device memory: two buckets, not the whole update."""
-
-    def __init__(self, device: torch.device, pool: dict):
-        self.device, self.pool = device, pool
-        self.stream = torch.cuda.Stream(device)
-        self.ring = [torch.empty(0, dtype=torch.uint8, device=device) for _ in range(2)]
-        self.copied: list = [None, None]  # each ring buffer's last copy to the host
-
-    def buffer(self, layout: BucketLayout) -> torch.Tensor:
-        slot = layout.index % 2
-        if self.copied[slot] is not None:  # the broadcast into it is queued after its copy-out
-            torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
-        if self.ring[slot].numel() < layout.nbytes:
-            self.ring[slot] = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
-        return self.ring[slot][: layout.nbytes]
-
-    def stage(self, layout: BucketLayout, wire: torch.Tensor) -> torch.Tensor:
-        host = _host_buffer(self.pool, layout, pin=True)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            host.copy_(wire, non_blocking=True)
-            self.copied[layout.index % 2] = torch.cuda.Event()
-            self.copied[layout.index % 2].record(self.stream)
-        return host
-
-    def finish(self) -> None:
-        self.stream.synchronize()
-
-
 def receive_stage(group: StageGroup, checker: ThreadPoolExecutor, pool: Optional[dict] = None,
                   checksums: bool = True) -> StageInbox:
     """Receive one stage's update into host staging; ``pool`` (bucket index -> host buffer) is
@@ -222,7 +183,7 @@ def receive_stage(group: StageGroup, checker: ThreadPoolExecutor, pool: Optional
     inbox = StageInbox(plan=recv_plan(group))
     pool = {} if pool is None else pool
     on_gpu = group.device.type == "cuda"
-    staging = _DeviceStaging(group.device, pool) if on_gpu else None
+    staging = DeviceStaging(group.device, pool) if on_gpu else None
     sums, posted = [], deque()  # host: receives posted ahead, so the next bucket streams in at once
 
     def landed(wire: torch.Tensor, work) -> None:
@@ -240,7 +201,7 @@ def receive_stage(group: StageGroup, checker: ThreadPoolExecutor, pool: Optional
             continue
         if len(posted) == SEND_DEPTH:
             landed(*posted.popleft())
-        wire = _host_buffer(pool, layout, pin=False)
+        wire = host_buffer(pool, layout, pin=False)
         posted.append((wire, group.broadcast(wire, async_op=True)))
         inbox.wires.append(wire)
     while posted:
@@ -259,30 +220,3 @@ def receive_stage(group: StageGroup, checker: ThreadPoolExecutor, pool: Optional
             inbox.bad_buckets.append(f"stage {inbox.plan.stage} {kind} bucket {layout.index} "
                                      f"(checksum {got:#x} != sent {sent:#x})")
     return inbox
-
-
-def device_tensors(inboxes: list[StageInbox], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """A GPU receiver's apply: every staged bucket's tensors on ``device``, bucket k+1 copied up on
-    a side stream while the model loads bucket k. Each bucket gets a fresh device buffer (the
-    caching allocator reuses memory), since vLLM's layerwise reload may hold tensors until their
-    layer is complete."""
-    items = [(layout, host) for inbox in inboxes for layout, host in zip(inbox.plan.buckets, inbox.wires)]
-    stream = torch.cuda.Stream(device)
-    current = torch.cuda.current_stream(device)
-
-    def upload(layout: BucketLayout, host: torch.Tensor):
-        stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            dev = torch.empty(host.numel(), dtype=torch.uint8, device=device)
-            dev.copy_(host, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        dev.record_stream(current)  # used on the loading stream: not reused before that work is done
-        return layout, dev, done
-
-    ahead = upload(*items[0]) if items else None
-    for k in range(len(items)):
-        layout, dev, done = ahead
-        ahead = upload(*items[k + 1]) if k + 1 < len(items) else None
-        current.wait_event(done)
-        yield from B.unpack(layout, dev)
