@@ -23,7 +23,7 @@ from megatron_apriel.rollout.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
-                                               save_checkpoint)
+                                               save_checkpoint, step_dir)
 from megatron_apriel.trainer.step import NonFiniteError, train_step
 
 log = logging.getLogger("megatron_apriel")
@@ -38,6 +38,10 @@ class ModelParts:
     chunks: list
     optimizer: object
     scheduler: object
+
+
+class _StopWhileWaiting(Exception):
+    """Raised on every rank at once, from the idle hook, by a stop signal during the wait for rollouts."""
 
 
 class Trainer:
@@ -116,6 +120,13 @@ class Trainer:
                 "sync/MB": report.nbytes / 1e6, "sync/accepted": float(report.accepted),
                 "sync/reconnects": float(self.sender.reconnects)}
 
+    def _idle(self) -> None:
+        """Every rank together, between polls for rollouts: a stop signal is acted on now (the
+        actor may be gone, so the step may never fill), then the fleet is kept current."""
+        if any_rank(self.stop_requested):
+            raise _StopWhileWaiting
+        self.keep_fleet_current()
+
     def keep_fleet_current(self) -> None:
         """While waiting for rollouts: a server that restarted gets the current weights now, not
         after the step (the actor sends it nothing before, and the step may need its rollouts)."""
@@ -136,7 +147,11 @@ class Trainer:
             self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
         while self.step < self.cfg.trainer.steps:
             t0 = time.perf_counter()
-            samples, metrics = self.source.next_batch(self.step, idle=self.keep_fleet_current)
+            try:
+                samples, metrics = self.source.next_batch(self.step, idle=self._idle)
+            except _StopWhileWaiting:
+                self._stop_while_waiting()
+                break
             t1 = time.perf_counter()
             metrics.update(self.train_once(samples))
             t2 = time.perf_counter()
@@ -155,6 +170,15 @@ class Trainer:
                 break
         self.logger.close()
         return history
+
+    def _stop_while_waiting(self) -> None:
+        """The last completed step is saved (unless it already is); the step being filled is not
+        trained, and its groups are read again on resume (the source's state is that of the last step)."""
+        latest = latest_checkpoint(self.ckpt_root)
+        if self.step > 0 and latest != step_dir(self.ckpt_root, self.step):
+            self.save()
+        log.warning("stop signal received while waiting for step %d's rollouts: %s and stopping", self.step,
+                    f"saved step {self.step}" if self.step > 0 else "nothing trained yet, nothing saved")
 
     def close(self) -> None:
         if self.sender is not None:
