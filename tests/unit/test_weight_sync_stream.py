@@ -53,14 +53,19 @@ def _worker(rank: int, port: int, out) -> None:
     group.close()
 
 
-def test_buckets_roundtrip_and_corruption_is_caught():
+def _spawn(target, world: int):
+    """``world`` processes running ``target(rank, port, queue)``, joined in one stage group at ``port``."""
     ctx = mp.get_context("spawn")
-    out = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, out)) for r in range(2)]
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=target, args=(r, port, out)) for r in range(world)]
     for p in procs:
         p.start()
-    layouts, results = out.get()
+    return procs, out
+
+
+def test_buckets_roundtrip_and_corruption_is_caught():
+    procs, out = _spawn(_worker, 2)
+    layouts, results = out.get(timeout=120)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
@@ -93,12 +98,7 @@ def _dying_worker(rank: int, port: int, out) -> None:
 
 
 def test_a_receiver_dying_mid_update_fails_the_send_without_desynchronising_the_sender():
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_dying_worker, args=(r, port, out)) for r in range(3)]
-    for p in procs:
-        p.start()
+    procs, out = _spawn(_dying_worker, 3)
     got = dict((item[0], item[1:]) for item in (out.get(timeout=120), out.get(timeout=120)))
     for p in procs:
         p.join(timeout=90)
