@@ -77,6 +77,9 @@ def start_when_requeued(job: str, log: Path) -> None:
         out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True, text=True).stdout
         return "BeginTime" in out
     wait_for(held, 600, "the requeued job", job, log)
+    # slurmd refuses to launch a job within the second it killed it ("Job N already killed, do not
+    # launch batch job": the relaunch's credential must be newer than the revocation, in seconds)
+    time.sleep(2.0)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 
 
