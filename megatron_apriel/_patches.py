@@ -12,10 +12,14 @@ What is redirected (see ../shared/CPU_NOTES.md, section A0):
    (``'torch.cuda.FloatTensor'`` ...);
 3. the CUDA RNG calls used by Megatron's RNG tracker act on the CPU generator;
 4. ``torch.cuda.current_device`` / ``synchronize`` / ``current_stream`` stop raising.
+
+On every device, ``shield_checkpoint_writer()`` gives Megatron's checkpoint writer a results
+queue whose manager process survives the stop signals a trainer rank receives (below).
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import torch
@@ -97,3 +101,44 @@ def apply_cpu_patches() -> None:
     mode = CudaToCpuMode()
     mode.__enter__()  # process-wide for the life of the process: the CPU path has no CUDA at all
     _APPLIED.set()
+
+
+def _shielded_helper() -> None:
+    """Initializer of the checkpoint writer's manager process: stop signals are the trainer's
+    business, and the helper dies with the trainer (even by SIGKILL) instead of outliving it."""
+    import ctypes
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def shield_checkpoint_writer() -> None:
+    """Start the helper processes of Megatron's checkpoint writer so that stop signals spare them.
+
+    ``dist_checkpointing.save`` (torch_dist) reports its writers' results through a queue of a
+    *spawned* multiprocessing Manager, created on the first save and kept for the process
+    (``filesystem_async._results_queue``, in 0.16 to 0.19). SLURM signals every process of a
+    step: a SIGTERM (scancel, time limit) or SIGUSR1 (``scancel --signal=USR1``) killed that
+    manager, and the save made for the stop then failed (BrokenPipeError/EOFError), leaving only
+    ``step_N.tmp``. Here the manager is started by us, ignoring both signals (and killed with
+    the trainer), and the resource tracker the writers' queues need is started with SIGUSR1
+    ignored (it ignores SIGTERM itself). Call once per trainer rank, before the first save and
+    before installing the stop handlers: SIG_IGN is what the spawned tracker inherits.
+    """
+    check_mcore_version()
+    from multiprocessing import resource_tracker
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    before = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()  # first: spawning the manager would start it otherwise
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=torch.multiprocessing.get_context("spawn"))
+        manager.start(initializer=_shielded_helper)
+        filesystem_async._results_queue = manager.Queue()  # the proxy keeps its manager alive

@@ -20,11 +20,13 @@ import logging
 import os
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
 log = logging.getLogger("megatron_apriel")
 register_configs()
@@ -69,18 +71,19 @@ ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source, "replay": _r
 """``rollout.source`` -> builder of the trainer's `RolloutSource`."""
 
 
-def fleet_members(run: RunConfig):
-    """The fleet as the weight sender sees it: fixed URLs, or the run directory's registrations."""
+def fleet_members(run: RunConfig, stop: StopFlag):
+    """The fleet as the weight sender sees it: fixed URLs, or the run directory's registrations
+    (waited for, unless a stop is requested: the first push then ends the run on every rank)."""
     from megatron_apriel.rollout.fleet import FLEET_DIR, registered, wait_for_fleet
 
     if run.fleet.servers:
         return list(run.fleet.servers)
     fleet_dir = Path(run.run_dir) / FLEET_DIR
-    wait_for_fleet(fleet_dir, run.fleet.num_servers, run.fleet.startup_timeout_s)
+    wait_for_fleet(fleet_dir, run.fleet.num_servers, run.fleet.startup_timeout_s, give_up=lambda: stop.requested)
     return lambda: [(r.url, r.instance) for r in registered(fleet_dir)]
 
 
-def build_sender(run: RunConfig, ctx, parts):
+def build_sender(run: RunConfig, ctx, parts, stop: StopFlag):
     from megatron_apriel.convert.hf_io import HFReader
     from megatron_apriel.convert.mapping import detect_layout
     from megatron_apriel.weight_sync.sender import WeightSender
@@ -88,58 +91,45 @@ def build_sender(run: RunConfig, ctx, parts):
 
     served = HFReader(run.model.hf_path)
     layout = detect_layout(served.files.keys(), served.config)  # the served checkpoint's own key layout
-    members = fleet_members(run) if ctx.rank == 0 else []
+    members = fleet_members(run, stop) if ctx.rank == 0 else []
     return WeightSender(run.weight_sync, members, parts.chunks[0].module, ctx, parts.arch.vocab_size,
-                        table_to_hf(parts.arch, layout))
+                        table_to_hf(parts.arch, layout), should_stop=lambda: stop.requested)
 
 
-def build_trainer(run: RunConfig, ctx):
+def build_trainer(run: RunConfig, ctx, stop: Optional[StopFlag] = None):
+    """``stop``: the rank's stop requests (``run_trainer`` makes it first thing); None: made here."""
     from megatron_apriel.metrics import build_logger
     from megatron_apriel.model.provider import build_model
     from megatron_apriel.model.wrap import build_optimizer, wrap_model
     from megatron_apriel.trainer.trainer import ModelParts, Trainer
 
+    stop = stop if stop is not None else StopFlag()
     arch = run.model.resolve_arch()
     arch.check_sequence_length(run.trainer.seq_len)  # a sliding window must cover the whole sequence
     chunks = wrap_model(build_model(run.model, ctx), ctx)
     optimizer, scheduler = build_optimizer(chunks, run.optim, ctx, total_steps=run.trainer.steps)
     parts = ModelParts(arch, chunks, optimizer, scheduler)
     source = ROLLOUT_SOURCES[run.rollout.source](run, ctx, parts)
-    sender = build_sender(run, ctx, parts) if run.rollout.source == "fleet" else None
+    sender = build_sender(run, ctx, parts, stop) if run.rollout.source == "fleet" else None
     logger = build_logger(Path(run.run_dir), enabled=ctx.is_logging_rank)
-    return Trainer(run, ctx, parts, source, logger, sender)
-
-
-class _EarlyStop:
-    """SIGTERM/SIGUSR1 before the `Trainer` exists (loading, building the model) must not kill the
-    rank: SLURM's ``--signal`` may come during start-up. Remembered and handed to the trainer."""
-
-    def __init__(self):
-        import signal
-
-        from megatron_apriel.trainer.trainer import STOP_SIGNALS
-
-        self.fired = False
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.fired = True
+    return Trainer(run, ctx, parts, source, logger, sender, stop=stop)
 
 
 def run_trainer(run: RunConfig, raw: DictConfig) -> None:
+    from megatron_apriel._patches import shield_checkpoint_writer
     from megatron_apriel.parallel.groups import destroy_parallel, init_parallel
 
-    early = _EarlyStop()
+    # A stop signal during start-up (SLURM's may come any time) is remembered, not fatal.
+    stop = StopFlag(os.environ.get(STOP_FILE_ENV))
+    shield_checkpoint_writer()
     ctx = init_parallel(run.parallel, seed=run.seed)
     try:
         if ctx.rank == 0:
             Path(run.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run.run_dir) / "config.yaml").write_text(OmegaConf.to_yaml(raw))
-        trainer = build_trainer(run, ctx)
-        if early.fired:
-            log.warning("stop signal received during start-up: the trainer stops after its first step")
-            trainer.stop_requested = True
+        trainer = build_trainer(run, ctx, stop)
+        if stop.requested:
+            log.warning("stop request (%s) during start-up: the trainer stops at once", stop.reason())
         try:
             history = trainer.run()
         finally:

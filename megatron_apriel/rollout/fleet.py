@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -104,10 +104,12 @@ def registered(fleet_dir: str | Path) -> list[Registration]:
     return sorted(regs, key=lambda r: r.url)
 
 
-def wait_for_fleet(fleet_dir: str | Path, count: int, timeout_s: float, poll_s: float = 0.5) -> list[Registration]:
-    """Block until ``count`` servers registered; a clear error after ``timeout_s``."""
+def wait_for_fleet(fleet_dir: str | Path, count: int, timeout_s: float, poll_s: float = 0.5,
+                   give_up: Callable[[], bool] = lambda: False) -> list[Registration]:
+    """Block until ``count`` servers registered (or ``give_up()``: those registered so far); a
+    clear error after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while len(regs := registered(fleet_dir)) < count:
+    while len(regs := registered(fleet_dir)) < count and not give_up():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(regs)} of {count} vLLM servers registered in {fleet_dir} after {timeout_s}s; "
                                "check their logs (run_dir/logs/server_*.log) or set fleet.servers.")

@@ -8,6 +8,7 @@ Layout under ``run_dir/checkpoints``::
                           apriel_model.json (the architecture, for apriel-convert mcore-to-hf)
       rng/rank_<r>.pt     torch / numpy / python / Megatron-tracker RNG states of rank r
       state.json          step, scheduler, layout, rollout-source state, format version
+      stop_seconds        what a stop takes, measured (the trainer writes it after the save)
     latest                name of the newest complete checkpoint
 
 A checkpoint is written into ``step_N.tmp`` and renamed only when every rank has finished, so a

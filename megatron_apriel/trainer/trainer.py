@@ -9,10 +9,10 @@ weight sender (the vLLM fleet) and a metric logger.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.metrics import MetricLogger
@@ -21,13 +21,13 @@ from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.rollout.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
+from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
                                                save_checkpoint, step_dir)
 from megatron_apriel.trainer.step import NonFiniteError, train_step
 
 log = logging.getLogger("megatron_apriel")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # SLURM: scancel / --signal=USR1@<seconds>
 
 
 @dataclass
@@ -40,27 +40,24 @@ class ModelParts:
     scheduler: object
 
 
-class _StopWhileWaiting(Exception):
-    """Raised on every rank at once, from the idle hook, by a stop signal during the wait for rollouts."""
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, ctx: ParallelContext, parts: ModelParts, source: RolloutSource,
-                 logger: MetricLogger, sender=None):
-        """``sender``: a `WeightSender` for the vLLM fleet, or None (the local source needs none)."""
+                 logger: MetricLogger, sender=None, *, stop: Optional[StopFlag] = None):
+        """``sender``: a `WeightSender` for the vLLM fleet, or None (the local source needs none).
+        ``stop``: the rank's stop requests (signals, stop file); None installs the signal handlers here."""
         self.cfg, self.ctx = cfg, ctx
         self.arch, self.chunks = parts.arch, parts.chunks
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.source, self.logger, self.sender = source, logger, sender
         self.ckpt_root = Path(cfg.run_dir) / "checkpoints"
         self.step = 0
-        self.stop_requested = False
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._request_stop)
+        self.stop = stop if stop is not None else StopFlag()
+        self._step_s = self._save_s = 0.0
         self.restore()
 
-    def _request_stop(self, signum, frame) -> None:
-        self.stop_requested = True  # acted on at the end of the current step, on every rank at once
+    def stopping(self) -> bool:
+        """Collective: True on every rank if any rank has a stop request."""
+        return any_rank(self.stop.requested)
 
     def restore(self) -> None:
         """Resume from the newest complete checkpoint, else initial weights: ``checkpoint.load`` (a
@@ -80,9 +77,19 @@ class Trainer:
             log.info("initial weights from %s", self.cfg.model.hf_path)
 
     def save(self) -> None:
+        t0 = time.perf_counter()
         path = save_checkpoint(self.ckpt_root, self.step, self.chunks, self.optimizer, self.scheduler, self.ctx,
                                {"source": self.source.state_dict()}, self.arch, keep_last=self.cfg.checkpoint.keep_last)
-        log.info("saved %s", path)
+        self._save_s = time.perf_counter() - t0
+        log.info("saved %s in %.1fs", path, self._save_s)
+        self._write_stop_cost(path)
+
+    def _write_stop_cost(self, path: Path) -> None:
+        """What a stop takes (the slowest step so far plus this save, with margin), for the job script."""
+        if self.ctx.rank == 0:
+            seconds = int(1.5 * (self._step_s + self._save_s)) + 5
+            (path / f"{STOP_COST_FILE}.tmp").write_text(f"{seconds}\n")
+            (path / f"{STOP_COST_FILE}.tmp").rename(path / STOP_COST_FILE)
 
     def microbatches(self, samples: list[TrainSample]) -> list[MicroBatch]:
         t = self.cfg.trainer
@@ -121,10 +128,10 @@ class Trainer:
                 "sync/reconnects": float(self.sender.reconnects)}
 
     def _idle(self) -> None:
-        """Every rank together, between polls for rollouts: a stop signal is acted on now (the
+        """Every rank together, between polls for rollouts: a stop request is acted on now (the
         actor may be gone, so the step may never fill), then the fleet is kept current."""
-        if any_rank(self.stop_requested):
-            raise _StopWhileWaiting
+        if self.stopping():
+            raise StopRequested
         self.keep_fleet_current()
 
     def keep_fleet_current(self) -> None:
@@ -138,46 +145,64 @@ class Trainer:
         return stop or bool(every and self.step % every == 0) or (last and self.cfg.checkpoint.save_at_end)
 
     def run(self) -> list[dict[str, float]]:
-        """Train until ``trainer.steps`` or a stop signal; returns this run's per-step metrics."""
+        """Train until ``trainer.steps`` or a stop request; returns this run's per-step metrics.
+
+        A stop request is acted on by every rank together at the first of: the start of a step,
+        the wait for a step's rollouts (that step is not trained), the end of the step in progress
+        (saved before its weights would go to the fleet, which may be stopping too), a wait for
+        the fleet. A save in progress completes. The newest trained step is saved, then ``run``
+        returns.
+        """
         history: list[dict[str, float]] = []
-        if self.step >= self.cfg.trainer.steps:
-            log.warning("%s already holds step %d of %d: nothing to do. Raise trainer.steps to continue or "
-                        "choose a new run_dir.", self.ckpt_root, self.step, self.cfg.trainer.steps)
-        else:
-            self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
-        while self.step < self.cfg.trainer.steps:
-            t0 = time.perf_counter()
-            try:
-                samples, metrics = self.source.next_batch(self.step, idle=self._idle)
-            except _StopWhileWaiting:
-                self._stop_while_waiting()
-                break
-            t1 = time.perf_counter()
-            metrics.update(self.train_once(samples))
-            t2 = time.perf_counter()
-            self.step += 1
-            metrics.update(self.sync_weights())
-            metrics.update({"time/wait_rollouts_s": t1 - t0, "time/train_s": t2 - t1,
-                            "time/step_s": time.perf_counter() - t0})
-            if (self.step - 1) % self.cfg.trainer.log_every == 0:
-                self.logger.log(metrics, self.step - 1)
-            history.append(metrics)
-            stop = any_rank(self.stop_requested)
-            if self._checkpoint_due(stop):
-                self.save()
-            if stop:
-                log.warning("stop signal received: saved step %d and stopping", self.step)
-                break
+        try:
+            if self.step >= self.cfg.trainer.steps:
+                log.warning("%s already holds step %d of %d: nothing to do. Raise trainer.steps to continue or "
+                            "choose a new run_dir.", self.ckpt_root, self.step, self.cfg.trainer.steps)
+            elif not self.stopping():
+                self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
+            while self.step < self.cfg.trainer.steps:
+                if self.stopping():
+                    raise StopRequested
+                metrics, stop = self._step()
+                history.append(metrics)
+                if stop:
+                    log.warning("stop request (%s): saved step %d and stopping", self.stop.reason(), self.step)
+                    break
+        except StopRequested:
+            self._stop_between_steps()
         self.logger.close()
         return history
 
-    def _stop_while_waiting(self) -> None:
-        """The last completed step is saved (unless it already is); the step being filled is not
-        trained, and its groups are read again on resume (the source's state is that of the last step)."""
+    def _step(self) -> tuple[dict[str, float], bool]:
+        """One step: rollouts, train, weights to the fleet, metrics, checkpoint. (metrics, stop)."""
+        t0 = time.perf_counter()
+        samples, metrics = self.source.next_batch(self.step, idle=self._idle)
+        t1 = time.perf_counter()
+        metrics.update(self.train_once(samples))
+        t2 = time.perf_counter()
+        self._step_s = max(self._step_s, t2 - t1)
+        self.step += 1
+        stop = self.stopping()
+        if not stop:
+            try:
+                metrics.update(self.sync_weights())
+            except StopRequested:  # the fleet went away while a stop was requested
+                stop = True
+        metrics.update({"time/wait_rollouts_s": t1 - t0, "time/train_s": t2 - t1,
+                        "time/step_s": time.perf_counter() - t0})
+        if (self.step - 1) % self.cfg.trainer.log_every == 0:
+            self.logger.log(metrics, self.step - 1)
+        if self._checkpoint_due(stop):
+            self.save()
+        return metrics, stop
+
+    def _stop_between_steps(self) -> None:
+        """The last completed step is saved (unless it already is); the next step is not trained,
+        and its groups are read again on resume (the source's state is that of the last step)."""
         latest = latest_checkpoint(self.ckpt_root)
         if self.step > 0 and latest != step_dir(self.ckpt_root, self.step):
             self.save()
-        log.warning("stop signal received while waiting for step %d's rollouts: %s and stopping", self.step,
+        log.warning("stop request (%s) before step %d: %s and stopping", self.stop.reason(), self.step,
                     f"saved step {self.step}" if self.step > 0 else "nothing trained yet, nothing saved")
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
+from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.control import ServerError, WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
@@ -54,6 +55,8 @@ from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
 log = logging.getLogger("megatron_apriel")
 
+_STOP = "stop"
+"""What the coordinator broadcasts instead of a fleet when a stop request ended its wait."""
 Member = tuple[str, str]
 """A fleet member: (base URL, instance id; "" when unknown)."""
 Members = Union[Sequence[str], Callable[[], list[Member]]]
@@ -94,8 +97,12 @@ class WeightSyncConfig:
 
 class WeightSender:
     def __init__(self, cfg: WeightSyncConfig, members: Members, model, ctx: ParallelContext, vocab_size: int,
-                 to_hf: ToHF, on_bucket: Optional[BucketHook] = None):
+                 to_hf: ToHF, on_bucket: Optional[BucketHook] = None,
+                 should_stop: Callable[[], bool] = lambda: False):
+        """``should_stop``: the coordinator's stop request; a wait for the fleet ends with
+        `StopRequested` on every rank when it is set (the fleet is probably stopping too)."""
         self.cfg, self.ctx = cfg, ctx
+        self.should_stop = should_stop
         self.members = members if callable(members) else (lambda urls=tuple(members): [(u, "") for u in urls])
         self.backend = cfg.backend if cfg.backend != "auto" else ("nccl" if ctx.device.type == "cuda" else "gloo")
         self.device = ctx.device if self.backend == "nccl" else torch.device("cpu")
@@ -119,8 +126,9 @@ class WeightSender:
         self._layouts: Optional[list] = None
         """The stage's bucket plan: fixed by the model's structure, so made once."""
 
-    def _live_members(self) -> tuple[list[Member], dict[str, Optional[int]]]:
-        """The fleet's members that answer, with their versions; waits (up to timeout_s) for one."""
+    def _live_members(self) -> Optional[tuple[list[Member], dict[str, Optional[int]]]]:
+        """The fleet's members that answer, with their versions; waits (up to timeout_s) for one.
+        None if a stop is requested while no server answers."""
         deadline = time.monotonic() + self.cfg.timeout_s
         while True:
             members = sorted(self.members())
@@ -128,16 +136,21 @@ class WeightSender:
             live = [m for m in members if versions[m[0]] is not None]
             if live:
                 return live, versions
+            if self.should_stop():
+                return None
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no vLLM server of {[u for u, _ in members] or 'the fleet'} answered for "
                                    f"{self.cfg.timeout_s}s: list them in fleet.servers or start them with "
                                    "--register-dir run_dir/fleet, and check their logs.")
             time.sleep(1.0)
 
-    def _fleet_changed(self) -> Optional[list[Member]]:
-        """Coordinator: the fleet to (re)connect to, or None if the connected one is intact. A
-        server that does not answer is left out until it is back (registered again)."""
-        live, versions = self._live_members()
+    def _fleet_changed(self) -> Union[None, str, list[Member]]:
+        """Coordinator: the fleet to (re)connect to, or None if the connected one is intact, or
+        ``_STOP``. A server that does not answer is left out until it is back (registered again)."""
+        found = self._live_members()
+        if found is None:
+            return _STOP
+        live, versions = found
         if live != self.connected:
             if self.connected is not None:
                 log.warning("fleet changed: %s -> %s; reconnecting", self.connected, live)
@@ -150,9 +163,15 @@ class WeightSender:
         return None
 
     def ensure_connected(self, force: bool = False) -> bool:
-        """(Re)join the stage groups if the fleet changed, or ``force`` (every rank calls); True if it did."""
-        change = [(self._live_members()[0] if force else self._fleet_changed()) if self.is_coordinator else None]
+        """(Re)join the stage groups if the fleet changed, or ``force`` (every rank calls); True if it did.
+        Raises `StopRequested` on every rank if a stop ended the coordinator's wait for a server."""
+        change = [None]
+        if self.is_coordinator:
+            found = self._live_members() if force else None
+            change = [(_STOP if found is None else found[0]) if force else self._fleet_changed()]
         dist.broadcast_object_list(change, src=0)
+        if change[0] == _STOP:
+            raise StopRequested
         if change[0] is None:
             return False
         self._reconnect(change[0])
@@ -223,6 +242,9 @@ class WeightSender:
             if report is not None:
                 self.last_version = version
                 return report
+            if any_rank(self.should_stop()):  # servers stopping with the trainer: no point sending again
+                log.warning("weight update %d failed while a stop is requested: not sending it again", version)
+                raise StopRequested
             log.warning("weight update %d failed (attempt %d of %d; a server left mid-update?): joining the fleet "
                         "again", version, attempt, self.cfg.push_attempts)
             if self.is_coordinator:

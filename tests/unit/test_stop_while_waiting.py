@@ -18,7 +18,7 @@ from megatron_apriel.parallel.rendezvous import single_process_world
 from megatron_apriel.rollout.stream import StreamWriter
 from megatron_apriel.testing.tiny_model import build_tiny_model
 from megatron_apriel.trainer.checkpoint import latest_checkpoint
-from megatron_apriel.trainer.trainer import STOP_SIGNALS
+from megatron_apriel.stop import STOP_SIGNALS
 from tests.unit.test_stream import group, snap
 
 register_configs()
