@@ -49,9 +49,10 @@ def problems(run, layout, query: checks.Query, mounts_text: str, env: dict, clus
     found += [m for what, p in paths if (m := checks.path_problem(what, p, roots, mounts_text))]
     if cluster:
         found += checks.partition_problems(s.partition, layout.total_nodes, query)
+        found += checks.node_problems(s.partition, layout, hetjob=s.hetjob, cpus_per_task=s.cpus_per_task, query=query)
         acct, note = checks.account_problems(s.account, env.get("USER") or getpass.getuser(), query)
         found += acct
-        notes += [note] if note else []
+        notes += ([note] if note else []) + checks.stop_time_notes(run.run_dir, s.signal_s, query)
     else:
         notes.append("partition and account: not checked (--dry-run)")
     return found, notes

@@ -7,10 +7,13 @@ the checks are tested without a cluster."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable, Optional
+
+from megatron_apriel.stop import STOP_COST_FILE
 
 LOCAL_ONLY = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/scratch/local", "/local")
 """Node-local by convention: refused unless listed in slurm.shared_roots / APRIEL_SHARED_ROOTS."""
@@ -118,3 +121,82 @@ def account_problems(account: Optional[str], user: str, query: Query) -> tuple[l
         return [f"slurm.account={account} is not one of {user}'s accounts {accounts}: set slurm.account to one of "
                 "them."], ""
     return [], f"account {account}: found"
+
+
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+"""A GPU entry of a node's GRES in ``sinfo`` (``gpu:8``, ``gpu:h100:8(S:0-1)``): its count."""
+
+
+def _node_gpus(gres: str) -> int:
+    return sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
+
+
+def _partition_nodes(partition: Optional[str], out: str) -> tuple[str, dict[str, tuple[int, int]]]:
+    """(partition name, {node: (CPUs, GPUs)}) from ``sinfo -N -o '%N %P %c %G'``; None: the default."""
+    nodes: dict[str, tuple[int, int]] = {}
+    name = partition
+    for line in out.split("\n"):
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        part, default = fields[1].rstrip("*"), fields[1].endswith("*")
+        if (partition is None and default) or part == partition:
+            name = part
+            nodes[fields[0]] = (int(fields[2].rstrip("+")), _node_gpus(fields[3]))
+    return name or "(default)", nodes
+
+
+def node_problems(partition: Optional[str], layout, *, hetjob: bool, cpus_per_task: int, query: Query) -> list[str]:
+    """Each component's tasks fit the CPUs and GPUs of as many nodes of the partition as it asks for
+    (sbatch would answer only "Requested node configuration is not available"). ``layout``: a
+    `slurm.layout.JobLayout`."""
+    out = query(["sinfo", "-h", "-N", "-o", "%N %P %c %G"])
+    if out is None:
+        return []  # partition_problems reports the missing sinfo
+    name, nodes = _partition_nodes(partition, out)
+    if not nodes:
+        return []  # partition_problems reports the missing partition
+    cpt = max(cpus_per_task, 1)
+    if hetjob:
+        parts = [("the trainer", layout.train_nodes, layout.train_tasks_per_node, "launch.nproc_per_node"),
+                 ("the fleet", layout.rollout_nodes, layout.servers_per_node, "slurm.servers_per_node")]
+    else:
+        parts = [("the job", layout.total_nodes, max(layout.train_tasks_per_node, layout.servers_per_node),
+                  "launch.nproc_per_node or slurm.servers_per_node")]
+    sizes = sorted(set(nodes.values()))
+    shown = ", ".join(f"{c} CPUs and {g} GPUs" for c, g in sizes)
+    found = []
+    for what, count, tasks, knob in parts:
+        fit = [n for n, (c, g) in nodes.items() if c >= tasks * cpt and g >= layout.gpus_per_node]
+        if len(fit) >= count:
+            continue
+        if not any(g >= layout.gpus_per_node for _, g in nodes.values()):
+            fix = f"set slurm.gpus_per_node to what the nodes have, or choose a partition with {layout.gpus_per_node}-GPU nodes"
+        else:
+            fix = f"lower {knob} (or slurm.cpus_per_task), or choose a partition with larger nodes"
+        found.append(f"{what} needs {count} node(s) with {tasks * cpt} CPUs ({tasks} task(s) x {cpt} CPU) and "
+                     f"{layout.gpus_per_node} GPUs each, but partition {name} has {len(fit)} such node(s) (its nodes: "
+                     f"{shown}): {fix}.")
+    return found
+
+
+def stop_time_notes(run_dir: str, signal_s: int, query: Query) -> list[str]:
+    """What SLURM gives the trainer to stop, against what a stop measured in ``run_dir`` takes
+    (``stop_seconds`` of the newest checkpoint, written by the trainer at each save): KillWait after a SIGTERM
+    (scancel, time limit, preemption) and ``slurm.signal_s`` after the time-limit warning."""
+    match = re.search(r"^KillWait\s*=\s*(\d+)", query(["scontrol", "show", "config"]) or "", re.M)
+    kill_wait = int(match.group(1)) if match else None
+    latest = Path(run_dir) / "checkpoints" / "latest"
+    cost = latest.parent / latest.read_text().strip() / STOP_COST_FILE if latest.is_file() else None
+    if cost is None or not cost.is_file():
+        return [f"stop time: not measured yet (at the trainer's first save); SLURM's KillWait {kill_wait}s"
+                if kill_wait is not None else "stop time: not measured yet (at the trainer's first save)"]
+    need = int(cost.read_text().strip() or 0)
+    notes = [f"the trainer's measured stop takes {need}s ({cost})"]
+    if kill_wait is not None and need > kill_wait:
+        notes.append(f"warning: SLURM's KillWait is {kill_wait}s: after a scancel, the time limit or a preemption the "
+                     "trainer may be killed mid-save (the previous checkpoint is then the one resumed)")
+    if need > signal_s:
+        notes.append(f"warning: slurm.signal_s={signal_s} is shorter than that: raise it so the time-limit warning "
+                     "leaves time to save")
+    return notes

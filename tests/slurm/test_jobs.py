@@ -1,14 +1,21 @@
-"""The tiny CPU run through the shipped slurm/train.sbatch on a real SLURM (two virtual nodes):
+"""The tiny CPU run through the shipped slurm/train.sbatch on a real SLURM (two virtual nodes), with
+every stop signal SLURM really sends:
 
-- as a heterogeneous job submitted by apriel-submit, stopped by ``scancel --signal=USR1`` after
-  its first step: it checkpoints, requeues itself and the next attempt resumes from that
-  checkpoint and completes (every step trained once, no stream group trained twice);
-- as a plain job split by node count, submitted with plain ``sbatch`` and only the script's
-  documented variables: it completes with the loop's outputs;
-- a vLLM server killed inside a running job ends the whole job within the stated bound, the
-  job log names the server step, and no process of the job survives.
+- a heterogeneous job submitted by apriel-submit: ``scancel -b --signal=USR1`` to the batch shell
+  while its prepare step runs (the components are not started, the job requeues at once); then,
+  in the next attempt, SLURM's own time-limit warning (``--signal=B:USR1@60`` after the test
+  shortens the time limit, no scancel): the trainer saves, the job requeues; the third attempt
+  resumes from that checkpoint and completes (every step trained once);
+- a plain job by hand (plain ``sbatch``, the script's documented variables): a plain ``scancel``
+  (SIGTERM to every process) while the trainer's checkpoint writers run: the save completes and
+  is the newest checkpoint; the same job submitted again resumes from it and completes with the
+  loop's outputs, and slurm/convert.sbatch converts its final checkpoint;
+- a vLLM server killed inside a running job: the trainer saves its last step within its grace,
+  the whole job ends within the stated bound, the job log names the server step, and no process
+  of the job survives.
 
-One vLLM server and a few steps each: about a minute and a half per job on 2 CPU cores.
+One vLLM server and a few steps each (tests/slurm/hold_python.sh holds a step where a signal must
+land); about ten minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from tests.slurm.conftest import (REPO, job_env, job_field, leftovers, new_run_d
 pytestmark = pytest.mark.slurm
 STOP_GRACE_S = 20  # tiny_cpu's slurm.stop_grace_s, checked below against the rendered script
 KILL_WAIT_S = 10  # tools/setup_slurm.sh's KillWait
-BOUND_S = STOP_GRACE_S + KILL_WAIT_S + 15
-"""A failed component ends the job within APRIEL_STOP_GRACE_S + KillWait + 15 s (the watchdog's
-SIGTERM grace, SLURM's SIGTERM->SIGKILL wait for the cancelled steps, polling and teardown)."""
+BOUND_S = 2 * STOP_GRACE_S + KILL_WAIT_S + 15
+"""A failed component ends the job within 2 x APRIEL_STOP_GRACE_S + KillWait + 15 s (the watchdog's
+SIGTERM grace for the trainer, then for the fleet, SLURM's SIGTERM->SIGKILL wait for cancelled
+steps, polling and teardown)."""
+HOLD_PYTHON = REPO / "tests" / "slurm" / "hold_python.sh"
 
 
 def metrics(run: Path) -> list[dict]:
@@ -70,9 +79,9 @@ def assert_each_step_once(run: Path, steps: int) -> list[dict]:
     return rows
 
 
-def start_when_requeued(job: str, log: Path) -> None:
+def start_when_requeued(job: str, log: Path, time_limit_min: int | None = None) -> None:
     """SLURM holds a requeued batch job for about two minutes (Reason=BeginTime), harmless on a
-    cluster; here the test, as an administrator could, lets it start at once."""
+    cluster; here the test, as an administrator could, lets it start at once (with a new time limit)."""
     def held() -> bool:
         out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%r"], capture_output=True, text=True).stdout
         return "BeginTime" in out
@@ -80,31 +89,65 @@ def start_when_requeued(job: str, log: Path) -> None:
     # slurmd refuses to launch a job within the second it killed it ("Job N already killed, do not
     # launch batch job": the relaunch's credential must be newer than the revocation, in seconds)
     time.sleep(2.0)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    extra = [f"TimeLimit={time_limit_min}"] if time_limit_min else []
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *extra], check=True)
 
 
-def test_hetjob_is_stopped_requeued_resumed_and_completes(slurm_cluster, tiny_base, tmp_path):
-    run, steps = new_run_dir(tmp_path, tiny_base), 4
-    proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}"], job_env())
+def run_seconds(job: str) -> int:
+    h, m, s = (["0"] + job_field(job, "RunTime").split("-")[-1].split(":"))[-3:]
+    return 3600 * int(h) + 60 * int(m) + int(s)
+
+
+def holds(tmp_path: Path, *armed: str) -> tuple[Path, dict]:
+    """A holds directory with ``armed`` steps (tests/slurm/hold_python.sh) and the job env using it."""
+    d = tmp_path / "holds"
+    d.mkdir()
+    for name in armed:
+        (d / f"{name}.arm").touch()
+    return d, {"APRIEL_TEST_HOLDS": str(d), "APRIEL_TEST_PYTHON": sys.executable}
+
+
+def attempt_log(out: str, job: str, attempt: int) -> str:
+    """The job log's lines of one attempt."""
+    parts = re.split(rf"(?=\[apriel [0-9:]+\] job {job} attempt \d+ )", out)
+    return next(p for p in parts if f"job {job} attempt {attempt} " in p)
+
+
+def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning(slurm_cluster, tiny_base, tmp_path):
+    run, steps = new_run_dir(tmp_path, tiny_base), 30
+    hold_dir, env = holds(tmp_path, "prepare")
+    proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}", "slurm.time=00:10:00",
+                       "slurm.signal_s=60", f"slurm.python={HOLD_PYTHON}"], job_env(**env))
     assert proc.returncode == 0, proc.stderr
     job = submitted_job(proc.stdout)
     log = run / "slurm" / f"apriel-{job}.out"
     assert str(log) in proc.stdout and "heterogeneous job" in proc.stdout
     script = next((run / "slurm").glob("train.*.sbatch")).read_text()
-    assert f"APRIEL_STOP_GRACE_S={STOP_GRACE_S}" in script
+    assert f"APRIEL_STOP_GRACE_S={STOP_GRACE_S}" in script and "#SBATCH --signal=B:USR1@60" in script
 
-    wait_for(lambda: len(metrics(run)) >= 1, 600, "first step", job, log)
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    # attempt 0: the warning reaches the batch shell while its prepare step runs
+    wait_for(lambda: (hold_dir / "prepare.held").exists(), 300, "the prepare step", job, log)
+    subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)
+    wait_for(lambda: "before the trainer started: remembered" in log.read_text(), 60, "the remembered stop", job, log)
+    (hold_dir / "prepare.go").touch()
     start_when_requeued(job, log)
+
+    # attempt 1: SLURM's own warning, 60 s before a time limit the test brings close (no scancel)
+    wait_for(lambda: len(metrics(run)) >= 1, 600, "a first step", job, log)
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(run_seconds(job) + 65) // 60)}"], check=True)
+    start_when_requeued(job, log, time_limit_min=10)
     wait_gone(job, 900, log)
 
     out = log.read_text()
     assert job_field(job, "JobState") == "COMPLETED", tail(log)
-    assert job_field(job, "Restarts") == "1", tail(log)
-    assert "requeueing job" in out and f"job {job} attempt 1 (hetjob)" in out and "done:" in out
+    assert job_field(job, "Restarts") == "2", tail(log)
+    first, second, third = (attempt_log(out, job, a) for a in range(3))
+    assert "not starting them" in first and "started trainer" not in first
+    assert "stop signal (SIGUSR1): the trainer finishes its step" in second and "requeueing job" in second
+    assert "done:" in third
     rows = assert_each_step_once(run, steps)
     resumed = re.findall(r"resumed from \S+step_(\d+) at step (\d+)", (run / "logs" / "trainer.log").read_text())
-    assert len(resumed) == 1, "the requeued trainer did not resume from a checkpoint"
+    assert len(resumed) == 1, "the third attempt did not resume from the second one's checkpoint"
     k = int(resumed[0][1])
     assert 1 <= k < steps
     saved = json.loads((run / "checkpoints" / f"step_{k:08d}" / "state.json").read_text())
@@ -113,21 +156,44 @@ def test_hetjob_is_stopped_requeued_resumed_and_completes(slurm_cluster, tiny_ba
     assert leftovers(run, job) == []
 
 
-def test_plain_job_by_hand_completes(slurm_cluster, tiny_base, tmp_path):
-    run, steps = new_run_dir(tmp_path, tiny_base), 2
-    env = job_env(APRIEL_PYTHON=sys.executable, APRIEL_CONFIG="tiny_cpu", APRIEL_OVERRIDES=f"trainer.steps={steps}",
+def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, tiny_base, tmp_path):
+    run, steps = new_run_dir(tmp_path, tiny_base), 3
+    hold_dir, hold_env = holds(tmp_path, "save")
+    env = job_env(APRIEL_PYTHON=str(HOLD_PYTHON), APRIEL_CONFIG="tiny_cpu",
+                  APRIEL_OVERRIDES=f"trainer.steps={steps} checkpoint.save_every=2",
                   APRIEL_RUN_DIR=str(run), APRIEL_TRAIN_NODES="1", APRIEL_TRAIN_TASKS_PER_NODE="2",
                   APRIEL_SERVERS_PER_NODE="1", APRIEL_GPUS_PER_NODE="0",
-                  APRIEL_ENV_FILE=str(REPO / "slurm" / "cluster.env"), APRIEL_STOP_GRACE_S=str(STOP_GRACE_S))
-    log = run / "job.out"
-    proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={log}",
-                           str(REPO / "slurm" / "train.sbatch")], capture_output=True, text=True, env=env, cwd=run.parent)
-    assert proc.returncode == 0, proc.stderr
-    job = proc.stdout.strip().split(";")[0]
+                  APRIEL_ENV_FILE=str(REPO / "slurm" / "cluster.env"), APRIEL_STOP_GRACE_S=str(STOP_GRACE_S), **hold_env)
+
+    def submit(log: Path) -> str:
+        proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={log}",
+                               str(REPO / "slurm" / "train.sbatch")], capture_output=True, text=True, env=env,
+                              cwd=run.parent)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().split(";")[0]
+
+    log = run / "job1.out"
+    job = submit(log)
+    wait_for(lambda: (hold_dir / "save.held").exists(), 600, "the trainer's first save", job, log)
+    subprocess.run(["scancel", job], check=True)  # SIGTERM to the batch shell and every process of every step
+    wait_gone(job, 120, log)
+    out = log.read_text()
+    assert job_field(job, "JobState") == "CANCELLED", tail(log)
+    assert "waiting for the trainer to save" in out and "the trainer exited" in out, tail(log)
+    trainer_log = (run / "logs" / "trainer.log").read_text()
+    assert "stop request (SIGTERM) before step 2: saved step 2 and stopping" in trainer_log, trainer_log[-3000:]
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_00000002" and not list(ckpts.glob("*.tmp"))
+    assert (ckpts / "step_00000002" / "state.json").is_file()
+    assert leftovers(run, job) == []
+
+    log = run / "job2.out"
+    job = submit(log)
     wait_gone(job, 900, log)
     out = log.read_text()
     assert job_field(job, "JobState") == "COMPLETED", tail(log)
     assert re.search(r"\(plain\): trainer on n1 .* fleet on n2", out), out[:2000]
+    assert "resumed from" in (run / "logs" / "trainer.log").read_text()[len(trainer_log):]
     assert_each_step_once(run, steps)
     assert_loop_outputs(run, steps)
     assert leftovers(run, job) == []
@@ -170,5 +236,9 @@ def test_a_killed_server_ends_the_job(slurm_cluster, tiny_base, tmp_path):
     assert took < BOUND_S, f"the job took {took:.0f}s to end after the server died (bound {BOUND_S}s):\n{tail(log)}"
     assert "component servers exited with code" in out and "job failed" in out, tail(log)
     assert str(run / "logs" / "server_0.log") in out  # its log's tail is shown
+    assert "still running after" not in out, tail(log)  # the trainer stopped within its grace
+    trained = len(metrics(run))
+    assert "stop request (SIGTERM)" in (run / "logs" / "trainer.log").read_text()
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{trained:08d}"  # its last step, saved
     assert job_field(job, "JobState") == "FAILED"
     assert leftovers(run, job) == []

@@ -94,6 +94,50 @@ def test_no_sinfo_is_refused():
     assert "login node" in msg and "--dry-run" in msg
 
 
+NODES = "n1 cpu* 2 (null)\nn2 cpu* 2 (null)\ng1 gpu 96 gpu:h100:8(S:0-1)\ng2 gpu 96 gpu:h100:4(S:0),gpu:a100:4(S:1)\n" \
+        "g3 gpu 96 gpu:h100:4(S:0-1)\n"
+
+
+def node_refusals(partition, *overrides, hetjob=True, cpus_per_task=0):
+    run, layout = layout_of(*overrides)
+    return checks.node_problems(partition, layout, hetjob=hetjob, cpus_per_task=cpus_per_task,
+                                query=lambda cmd: NODES)
+
+
+def test_ranks_per_node_must_fit_the_cpus_of_the_nodes():
+    assert node_refusals(None, *CPU, "launch.nproc_per_node=2") == []  # 2 ranks on 2-CPU nodes
+    [msg] = node_refusals(None, *CPU, "launch.nproc_per_node=4")
+    assert "the trainer needs 1 node(s) with 4 CPUs" in msg and "partition cpu has 0 such node(s)" in msg
+    assert "lower launch.nproc_per_node" in msg and "2 CPUs and 0 GPUs" in msg
+    [msg] = node_refusals(None, *CPU, "launch.nproc_per_node=2", cpus_per_task=2)  # 2 ranks x 2 CPUs
+    assert "4 CPUs (2 task(s) x 2 CPU)" in msg and "slurm.cpus_per_task" in msg
+    [msg] = node_refusals(None, *CPU, "launch.nproc_per_node=1", "slurm.servers_per_node=4", "fleet.num_servers=4",
+                          hetjob=False)
+    assert msg.startswith("the job needs 2 node(s) with 4 CPUs")
+
+
+def test_gpus_per_node_must_be_what_the_nodes_have():
+    # 8 GPUs: g1 (8) and g2 (4 + 4 of two kinds) fit; 2 trainer nodes + 1 rollout node of 8 would need 3
+    assert node_refusals("gpu", *GPU, "fleet.num_servers=8") == []
+    [msg] = node_refusals("gpu", *GPU, "launch.nnodes=2", hetjob=False)
+    assert "needs 3 node(s)" in msg and "partition gpu has 2 such node(s)" in msg
+    [msg] = node_refusals("cpu", *GPU, "fleet.num_servers=8")[:1]
+    assert "set slurm.gpus_per_node to what the nodes have" in msg
+
+
+def test_stop_time_notes_compare_the_measured_stop_with_slurm(tmp_path):
+    query = lambda cmd: "KillWait                = 30 sec\n"
+    [note] = checks.stop_time_notes(str(tmp_path), 600, query)
+    assert "not measured yet" in note and "KillWait 30s" in note
+    (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").write_text("step_00000004")
+    (tmp_path / "checkpoints" / "step_00000004" / "stop_seconds").write_text("20\n")
+    assert not any("warning" in n for n in checks.stop_time_notes(str(tmp_path), 600, query))
+    (tmp_path / "checkpoints" / "step_00000004" / "stop_seconds").write_text("45\n")
+    notes = checks.stop_time_notes(str(tmp_path), 40, query)
+    assert any("KillWait is 30s" in n for n in notes) and any("slurm.signal_s=40" in n for n in notes)
+
+
 def test_account_must_be_one_of_the_users():
     problems, _ = checks.account_problems("proj_c", "alice", query_with())
     assert "slurm.account=proj_c is not one of alice's accounts ['proj_a', 'proj_b']" in problems[0]
