@@ -106,12 +106,11 @@ def apply_cpu_patches() -> None:
 def _shielded_helper() -> None:
     """Initializer of the checkpoint writer's manager process: stop signals are the trainer's
     business, and the helper dies with the trainer (even by SIGKILL) instead of outliving it."""
-    import ctypes
+    from megatron_apriel.lifetime import die_with_parent
 
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
 
 
 def shield_checkpoint_writer() -> None:

@@ -33,6 +33,7 @@ import psutil
 from omegaconf import DictConfig
 
 from megatron_apriel.config import RunConfig
+from megatron_apriel.lifetime import die_with_parent
 from megatron_apriel.metrics import CONSOLE_KEYS, METRICS_FILE
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
@@ -117,10 +118,7 @@ def _descendants(pid: int) -> list:
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux), so that
     no component outlives a launcher that could not stop it."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
 
 
 def _say(msg: str) -> None:
@@ -129,9 +127,13 @@ def _say(msg: str) -> None:
     tqdm.write(f"[apriel] {msg}", file=sys.stderr)
 
 
+LAUNCHER_ONLY = ("run_dir=", "launch.dry_run=")
+"""Overrides not passed on to the components: the run directory (made absolute) and the dry run."""
+
+
 def _overrides(run: RunConfig) -> list[str]:
     """This command's own arguments (config name and overrides), with the run directory made absolute."""
-    return [a for a in sys.argv[1:] if not a.startswith("run_dir=")] + [f"run_dir={run.run_dir}"]
+    return [a for a in sys.argv[1:] if not a.startswith(LAUNCHER_ONLY)] + [f"run_dir={run.run_dir}"]
 
 
 def vllm_args(run: RunConfig) -> list[str]:
@@ -197,7 +199,8 @@ def preflight(run: RunConfig) -> None:
         vllm_args(run)
         if not run.launch.dry_run:
             prepare_base(run)
-            load_pools(run)  # malformed rows, domains without problems
+        if not run.launch.dry_run or not run.tiny_base.enabled or Path(run.model.hf_path).is_dir():
+            load_pools(run)  # malformed rows, domains without problems (a tiny base writes its own data)
 
 
 class Launcher:
@@ -354,18 +357,21 @@ def launch(run: RunConfig, raw: DictConfig) -> int:
     """Run the whole job on this machine; returns the process exit code."""
     run.run_dir = str(Path(run.run_dir).resolve())
     try:
-        preflight(run)
+        preflight(run)  # the dry run runs the same checks: it says what the launch would refuse
+        components = plan(run)
+        report = describe(run, components) if run.launch.dry_run else ""
     except (ValueError, FileNotFoundError) as err:
         _say(f"error: {err}")
         return 2
-    components = plan(run)
+    many_nodes = (f"launch.nnodes={run.launch.nnodes}: apriel-train starts one machine. Submit it with apriel-submit "
+                  "(SLURM), or run the trainer ranks with srun/torchrun on every node, the servers with apriel-serve "
+                  "and the actor with `python -m megatron_apriel.entrypoints.actor` (same config), or set "
+                  "launch.nnodes=1.")
     if run.launch.dry_run:
-        print(describe(run, components))
+        print(report + (f"\nthe launch would refuse: {many_nodes}" if run.launch.nnodes > 1 else ""))
         return 0
     if run.launch.nnodes > 1:
-        _say(f"error: launch.nnodes={run.launch.nnodes}: apriel-train starts one machine. Run the trainer ranks "
-             "with srun/torchrun on every node, the servers with apriel-serve and the actor with "
-             "`python -m megatron_apriel.entrypoints.actor` (same config), or set launch.nnodes=1.")
+        _say(f"error: {many_nodes}")
         return 2
     launcher = Launcher(run, components)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from types import MappingProxyType
 from typing import Mapping
 
+from megatron_apriel.lifetime import die_with_parent
 from megatron_apriel.rollout.types import Problem
 from megatron_apriel.verifiers.base import (Outcome, Verifier, VerifierResult, extract_final_response,
                                             run_verifier)
@@ -48,9 +50,23 @@ def verify_group(domain: str, problem: Problem, completions: list[str]) -> list[
     return [verify(domain, problem, c) for c in completions]
 
 
+def _pool_worker() -> None:
+    """Initializer of a verifier worker: SIGTERM and SIGINT (sent to the owner's whole process group
+    by a launcher, SLURM or Ctrl-C) are the owner's to act on: it shuts the pool down, its in-flight
+    verifications finish instead of failing with BrokenProcessPool. The worker dies with its owner."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
+
+
 def make_verifier_pool(max_workers: int) -> ProcessPoolExecutor:
-    """A process pool whose workers start from a fresh interpreter (safe from a threaded parent)."""
-    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("forkserver"))
+    """A process pool whose workers start from a fresh interpreter (spawn: safe from a threaded
+    parent), leave stop signals to their owner and die with it, even one killed by SIGKILL
+    (PDEATHSIG); the resource tracker then sees EOF and exits. (A forkserver pool outlived a killed
+    owner: its workers hold both ends of their task queue and the forkserver's liveness pipe, so
+    neither ever sees EOF.)"""
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_pool_worker)
 
 
 async def verify_async(domain: str, problem: Problem, completion: str,
