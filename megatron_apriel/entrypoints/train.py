@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -140,6 +141,20 @@ def run_trainer(run: RunConfig, raw: DictConfig) -> None:
         destroy_parallel()
 
 
+REFUSALS = (ValueError, FileNotFoundError)
+"""What bad input raises (each names the key or file and the fix): one line and exit code 2."""
+DEBUG_ENV = "APRIEL_DEBUG"
+
+
+def refuse(err: Exception) -> NoReturn:
+    """A refusal as a user should see it: one line on stderr, exit code 2, no traceback
+    (``APRIEL_DEBUG=1`` raises it instead, with its traceback)."""
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise err
+    print(f"apriel-train: error: {err}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 @hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
 def _main(cfg: DictConfig) -> None:
     from megatron_apriel.parallel.launcher_env import trainer_rank_env
@@ -148,7 +163,12 @@ def _main(cfg: DictConfig) -> None:
     if rank_env is not None:  # a trainer rank under torchrun / srun
         os.environ.update(rank_env)
     setup_logging()
-    run = to_run_config(cfg)
+    try:
+        run = to_run_config(cfg)
+    except REFUSALS as err:
+        if rank_env is not None:
+            raise  # a rank's log keeps the traceback
+        refuse(err)
     if rank_env is not None:
         run_trainer(run, cfg)
         return

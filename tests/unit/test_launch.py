@@ -68,21 +68,49 @@ def text_params(c):
     return v * h + layers * (h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h) + h + v * h
 
 
-def test_dry_run_describes_the_paper_recipe(tmp_path):
+REPO = Path(__file__).resolve().parents[2]
+FIVE_DOMAINS = [REPO / "examples" / "data" / f"{d}.jsonl" for d in ("math", "code", "logic", "ifeval", "function_calling")]
+
+
+def apriel_model(tmp_path) -> Path:
     model = tmp_path / "apriel"
     model.mkdir()
     config = {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "text_config": MISTRAL_TEXT,
               "vision_config": {"model_type": "pixtral"}}
     (model / "config.json").write_text(json.dumps(config))
-    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={model}", "actor.data=[/data/math.jsonl]",
+    return model
+
+
+def data_list(files) -> str:
+    return "actor.data=[" + ",".join(str(f) for f in files) + "]"
+
+
+def test_dry_run_describes_the_paper_recipe(tmp_path):
+    model = apriel_model(tmp_path)
+    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={model}", data_list(FIVE_DOMAINS),
                         "launch.dry_run=true", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
+    assert "launch.dry_run" not in out  # the printed commands are the ones the launch would run
+    assert "the launch would refuse: launch.nnodes=4" in out
     assert f"{text_params(MISTRAL_TEXT) / 1e9:.2f}B parameters" in out and "48 layers" in out
     assert "4 node(s) x 8 rank(s) = TP 4 x PP 1 x DP 8" in out and "250 steps of 128 groups x G=8" in out
     assert sum(line.strip().startswith("server_") for line in out.splitlines()) == 32
     assert "--max-model-len 20096" in out and "budget 16000 tokens" in out and "max_lag None" in out
     assert not (tmp_path / "run" / "logs").exists()  # a dry run starts nothing
+
+
+def test_dry_run_refuses_what_the_launch_refuses_in_one_line(tmp_path):
+    model = apriel_model(tmp_path)
+    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={model}", data_list(FIVE_DOMAINS[:2]),
+                        "launch.dry_run=true", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "['logic', 'ifeval', 'function_calling'] have weight > 0" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""  # no plan for a launch that would refuse
+    proc = apriel_train("--config-name", "apriel_15b", data_list(FIVE_DOMAINS), "launch.dry_run=true",
+                        f"run_dir={tmp_path / 'run'}", cwd=tmp_path)  # no model.hf_path: a config error
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()  # one line: no Hydra banner, no traceback
+    assert line.startswith("apriel-train: error: ") and "set model.hf_path" in line
 
 
 def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tmp_path):
