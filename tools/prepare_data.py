@@ -13,13 +13,19 @@ Evaluation benchmarks (apriel-eval also reads these formats directly):
     python tools/prepare_data.py aime          aime_2025.jsonl          eval/aime25.jsonl
     python tools/prepare_data.py gpqa          gpqa_diamond.csv         eval/gpqa_d.jsonl --seed 0
     python tools/prepare_data.py mmlu_pro      mmlu_pro_test.parquet    eval/mmlu_pro.jsonl
-    python tools/prepare_data.py livecodebench test5.jsonl              eval/lcb_v5.jsonl \
-        --start-date 2024-08-01 --end-date 2025-02-01
+    python tools/prepare_data.py livecodebench test.jsonl test2.jsonl test3.jsonl test4.jsonl test5.jsonl \
+        eval/lcb_v5.jsonl --start-date 2024-08-01 --end-date 2025-02-01
+
+LiveCodeBench's release files add up (test5.jsonl holds only the problems new in v5; v5's window
+also has problems of test4.jsonl): give every file up to the release, in order. A question id read
+from an earlier file is skipped (counted); the window follows the official runner
+(start <= contest_date <= end, at 00:00).
 
 BFCL v4 ships in the bfcl-eval wheel: `pip install --no-deps bfcl-eval==2026.3.23`, then
 `BFCL=$(python -c "from tools.prepare_data import bfcl_data_dir; print(bfcl_data_dir())")`.
 
-Inputs are local files (download them beforehand); .json holding a list, .jsonl, .parquet and .csv are read.
+Inputs are local files (download them beforehand); .json holding a list, .jsonl, .parquet and .csv are read;
+several input files (before the output) are read in order, as one.
 Skipped rows are counted by reason; a malformed row stops the run with its file and row number.
 """
 
@@ -44,9 +50,9 @@ def bfcl_data_dir() -> Path | None:
     return Path(spec.origin).parent / "data"
 
 
-def convert_file(fmt: str, src: Path, out: Path, answers: Path | None = None, max_tests: int = 5,
+def convert_file(fmt: str, src: Path | list[Path], out: Path, answers: Path | None = None, max_tests: int = 5,
                  seed: int = 0, start_date: str = "", end_date: str = "") -> Counter:
-    """Convert `src` into `out`; returns counts of written rows and of skip reasons."""
+    """Convert `src` (one file or several, in order) into `out`; returns counts of written rows and of skip reasons."""
     kwargs: dict[str, Any] = {}
     if fmt == "bfcl":
         if answers is None:
@@ -66,13 +72,13 @@ def convert_file(fmt: str, src: Path, out: Path, answers: Path | None = None, ma
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("format", choices=sorted(CONVERTERS))
-    parser.add_argument("src", type=Path)
+    parser.add_argument("src", type=Path, nargs="+", help="input file(s), read in order")
     parser.add_argument("out", type=Path)
     parser.add_argument("--answers", type=Path, help="BFCL possible_answer file (bfcl only)")
     parser.add_argument("--max-tests", type=int, default=5, help="tests kept per code problem (taco/apps; recipe: 5)")
     parser.add_argument("--seed", type=int, default=0, help="gpqa: seed of the per-row option shuffle (recorded)")
-    parser.add_argument("--start-date", default="", help="livecodebench: first contest date kept (v5: 2024-08-01)")
-    parser.add_argument("--end-date", default="", help="livecodebench: first contest date left out (v5: 2025-02-01)")
+    parser.add_argument("--start-date", default="", help="livecodebench: start <= contest_date, at 00:00 (v5: 2024-08-01)")
+    parser.add_argument("--end-date", default="", help="livecodebench: contest_date <= end, at 00:00 (v5: 2025-02-01)")
     args = parser.parse_args()
     stats = convert_file(args.format, args.src, args.out, args.answers, args.max_tests, args.seed, args.start_date,
                          args.end_date)

@@ -30,13 +30,15 @@ Evaluation benchmarks (RECIPE.md section 8; read by `apriel-eval` and by `tools/
 - livecodebench: LiveCodeBench jsonl (`question_id`, `question_content`, `starter_code`,
   `contest_date`, `public_test_cases`, `private_test_cases`, `metadata` with `func_name` for
   functional problems); public and private tests are all kept (`data/lcb.py` decodes them
-  without trusting their pickles); rows outside `[start_date, end_date)` are skipped.
+  without trusting their pickles); rows outside the window are skipped, by the official runner's rule
+  (`start_date <= contest_date <= end_date`, dates at 00:00).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+from datetime import datetime
 import random
 from typing import Any, Callable
 
@@ -216,11 +218,20 @@ def convert_mmlu_pro(row: dict, index: int) -> Problem:
                    metadata={"source": "mmlu_pro", "category": row.get("category")})
 
 
+def lcb_in_window(contest_date: str, start_date: str = "", end_date: str = "") -> bool:
+    """LiveCodeBench's own rule (its runner's ``load_code_generation_dataset``): ``start <= contest_date
+    <= end`` as datetimes, the bounds (``YYYY-MM-DD``) at 00:00, so a contest on the end date is kept
+    only if it is dated midnight. Empty bound: open."""
+    when = datetime.fromisoformat(contest_date)
+    return (not start_date or datetime.strptime(start_date, "%Y-%m-%d") <= when) and \
+        (not end_date or when <= datetime.strptime(end_date, "%Y-%m-%d"))
+
+
 def convert_livecodebench(row: dict, index: int, start_date: str = "", end_date: str = "") -> Problem:
-    """``start_date``/``end_date`` (ISO dates, end excluded; empty: open) select the contest window."""
-    date = str(row.get("contest_date", ""))[:10]
-    if (start_date and date < start_date) or (end_date and date >= end_date):
-        raise SkipRow(f"contest date outside [{start_date or '-'}, {end_date or '-'})")
+    """``start_date``/``end_date`` select the contest window (`lcb_in_window`)."""
+    if not lcb_in_window(str(row["contest_date"]), start_date, end_date):
+        raise SkipRow(f"contest date outside [{start_date or '-'}, {end_date or '-'} 00:00]")
+    date = str(row["contest_date"])[:10]
     meta = row.get("metadata") or "{}"
     meta = json.loads(meta) if isinstance(meta, str) else dict(meta)
     fn_name = meta.get("func_name")

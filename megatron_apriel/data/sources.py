@@ -11,7 +11,7 @@ import csv
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from megatron_apriel.data.converters import CONVERTERS, SkipRow
 from megatron_apriel.rollout.types import Problem
@@ -47,8 +47,26 @@ def read_rows(path: Path) -> Iterator[dict | list]:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({err})") from err
 
 
-def convert_rows(fmt: str, src: Path, **kwargs: Any) -> tuple[list[Problem], Counter]:
-    """Every row of ``src`` through ``CONVERTERS[fmt]``; returns the problems and the skip counts."""
+def convert_rows(fmt: str, src: Path | Sequence[Path], **kwargs: Any) -> tuple[list[Problem], Counter]:
+    """Every row of ``src`` (one file, or several in order) through ``CONVERTERS[fmt]``; returns the
+    problems and the skip counts. A problem id already read from an earlier file is skipped (and
+    counted): releases such as LiveCodeBench's ``test.jsonl`` ... ``test5.jsonl`` add up, and a window
+    may span several of them."""
+    srcs = [Path(src)] if isinstance(src, (str, Path)) else [Path(s) for s in src]
+    problems, skipped, seen = [], Counter(), set()
+    for path in srcs:
+        found, counts = _convert_file(fmt, path, **kwargs)
+        skipped.update(counts)
+        for p in found:
+            if p.id in seen:
+                skipped["skipped: duplicate id (in an earlier file)"] += 1
+            else:
+                seen.add(p.id)
+                problems.append(p)
+    return problems, skipped
+
+
+def _convert_file(fmt: str, src: Path, **kwargs: Any) -> tuple[list[Problem], Counter]:
     if fmt not in CONVERTERS:
         raise ValueError(f"unknown source format {fmt!r}; known: {sorted(CONVERTERS)}.")
     problems, skipped = [], Counter()

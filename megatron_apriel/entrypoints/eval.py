@@ -2,7 +2,7 @@
 
     apriel-eval run --checkpoint runs/apriel_15b/hf --out evals/step250 \\
         --bench aime25:aime:/data/aime_2025.jsonl --bench gpqa_d:gpqa:/data/gpqa_diamond.csv \\
-        --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet --bench lcb_v5:livecodebench:/data/test5.jsonl \\
+        --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet --bench lcb_v5:livecodebench:/data/lcb/test4.jsonl,/data/lcb/test5.jsonl \\
         --num-servers 8 --gpus-per-server 1 --vllm-args "--max-model-len 40960"
     apriel-eval run --checkpoint runs/x/checkpoints/step_00000250 ...   # Megatron checkpoint: converted first
     apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
@@ -34,8 +34,9 @@ PROG = "apriel-eval"
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="serve a checkpoint, sample, score, report")
     p.add_argument("--checkpoint", required=True, help="HF model dir, or a Megatron dist checkpoint (converted)")
-    p.add_argument("--bench", action="append", required=True, metavar="NAME:FORMAT:PATH",
-                   help=f"a benchmark file (repeat); formats: {', '.join(FORMATS)}")
+    p.add_argument("--bench", action="append", required=True, metavar="NAME:FORMAT:PATH[,PATH...]",
+                   help=f"a benchmark's file(s) (repeat); formats: {', '.join(FORMATS)}; several files are read in "
+                        "order, an id already read skipped (LiveCodeBench: test4.jsonl,test5.jsonl for v5's window)")
     p.add_argument("--out", required=True, type=Path, help="output directory (rerun with the same one to resume)")
     p.add_argument("--label", default=None, help="the model's name in reports and plots (default: checkpoint name)")
     p.add_argument("--hf-reference", default=None, help="base HF model for a dist checkpoint's config and tokenizer")
@@ -54,8 +55,10 @@ def _run_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="base of the per-sample seeds")
     p.add_argument("--budgets", default="4096,8192,16384,24576,32768", help="token budgets to rescore at")
     p.add_argument("--gpqa-seed", type=int, default=0, help="seed of GPQA's option shuffle")
-    p.add_argument("--lcb-start", default="2024-08-01", help="LiveCodeBench: first contest date kept ('' = any)")
-    p.add_argument("--lcb-end", default="2025-02-01", help="LiveCodeBench: first contest date left out ('' = any)")
+    p.add_argument("--lcb-start", default="2024-08-01",
+                   help="LiveCodeBench window start: start <= contest_date, at 00:00, as its runner ('' = any)")
+    p.add_argument("--lcb-end", default="2025-02-01",
+                   help="LiveCodeBench window end: contest_date <= end, at 00:00, as its runner ('' = any)")
     p.add_argument("--max-in-flight", type=int, default=64, help="requests in flight")
     p.add_argument("--verifier-workers", type=int, default=2, help="verifier processes")
     p.add_argument("--no-plots", action="store_true")
@@ -91,7 +94,7 @@ def specs_from_args(args: argparse.Namespace) -> list[BenchmarkSpec]:
         per[name] = int(value)
     if args.n < 0:
         raise ValueError(f"--n must be >= 1 (or 0: by format), got {args.n}.")
-    return [BenchmarkSpec(s.name, s.format, s.path, per.get(s.name, args.n), s.options) for s in specs]
+    return [BenchmarkSpec(s.name, s.format, s.paths, per.get(s.name, args.n), s.options) for s in specs]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,21 +31,29 @@ class FormatOptions:
     gpqa_seed: int = 0
     """Seed of GPQA's per-row option shuffle (recorded in each problem's metadata)."""
     lcb_start: str = "2024-08-01"
-    """First LiveCodeBench contest date kept (v5 window of RECIPE.md section 8); empty: no bound."""
+    """LiveCodeBench window (v5 of RECIPE.md section 8, as its runner is called: ``--start_date
+    2024-08-01 --end_date 2025-02-01``), kept by the runner's rule: ``start <= contest_date <= end``,
+    both at 00:00 (``data.converters.lcb_in_window``). Empty: no bound."""
     lcb_end: str = "2025-02-01"
-    """First contest date left out; empty: no bound."""
+    """End of the LiveCodeBench window (see ``lcb_start``); empty: no bound."""
 
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
     name: str
     format: str
-    path: Path
+    paths: tuple[Path, ...]
+    """Its file, or files read in order (an id already read is skipped: LiveCodeBench's releases
+    test.jsonl ... test5.jsonl add up, and a window spans several)."""
     n: int = 0
     """Samples per problem; 0: the format's default (DEFAULT_SAMPLES)."""
     options: FormatOptions = field(default_factory=FormatOptions)
 
     def __post_init__(self) -> None:
+        paths = (self.paths,) if isinstance(self.paths, (str, Path)) else self.paths
+        object.__setattr__(self, "paths", tuple(Path(p) for p in paths))
+        if not self.paths:
+            raise ValueError(f"benchmark {self.name}: no file given.")
         if not _NAME.match(self.name):
             raise ValueError(f"benchmark name {self.name!r}: use letters, digits, '_', '-' or '.' (it names files).")
         if self.format not in FORMATS:
@@ -59,18 +67,25 @@ class BenchmarkSpec:
 
     @classmethod
     def parse(cls, text: str, options: FormatOptions = FormatOptions()) -> BenchmarkSpec:
-        """``NAME:FORMAT:PATH`` (the path may itself contain ':')."""
+        """``NAME:FORMAT:PATH[,PATH...]`` (a path may itself contain ':', not ',')."""
         parts = text.split(":", 2)
-        if len(parts) != 3 or not all(parts):
-            raise ValueError(f"--bench {text!r}: write NAME:FORMAT:PATH, e.g. aime25:aime:/data/aime_2025.jsonl "
+        if len(parts) != 3 or not all(parts) or not all(parts[2].split(",")):
+            raise ValueError(f"--bench {text!r}: write NAME:FORMAT:PATH[,PATH...], e.g. aime25:aime:/data/aime_2025.jsonl "
                              f"(formats: {', '.join(FORMATS)}).")
-        return cls(name=parts[0], format=parts[1], path=Path(parts[2]), options=options)
+        return cls(name=parts[0], format=parts[1], paths=tuple(Path(p) for p in parts[2].split(",")), options=options)
+
+    @property
+    def source(self) -> str:
+        """Its file(s), as written on the command line."""
+        return ",".join(str(p) for p in self.paths)
 
     def identity(self) -> dict:
         """What defines this benchmark's problems: a resumed evaluation must see the same."""
         opts = {"gpqa": {"gpqa_seed": self.options.gpqa_seed},
                 "livecodebench": {"lcb_start": self.options.lcb_start, "lcb_end": self.options.lcb_end}}
-        return {"format": self.format, "file_sha256": file_sha256(self.path), **opts.get(self.format, {})}
+        digests = [file_sha256(p) for p in self.paths]
+        return {"format": self.format, "file_sha256": digests[0] if len(digests) == 1 else digests,
+                **opts.get(self.format, {})}
 
 
 def file_sha256(path: Path) -> str:
@@ -85,15 +100,16 @@ def file_sha256(path: Path) -> str:
 
 def load_benchmark(spec: BenchmarkSpec) -> list[Problem]:
     """The benchmark's problems; ValueError naming the file (and row) when it cannot be read."""
-    if not spec.path.is_file():
-        raise ValueError(f"benchmark {spec.name}: {spec.path}: no such file.")
+    for path in spec.paths:
+        if not path.is_file():
+            raise ValueError(f"benchmark {spec.name}: {path}: no such file.")
     if spec.format == "problems":
-        problems = load_problems(spec.path)
+        problems = [p for path in spec.paths for p in load_problems(path)]
     else:
         kwargs = {"gpqa": {"seed": spec.options.gpqa_seed},
                   "livecodebench": {"start_date": spec.options.lcb_start, "end_date": spec.options.lcb_end}}
-        problems, _ = convert_rows(spec.format, spec.path, **kwargs.get(spec.format, {}))
+        problems, _ = convert_rows(spec.format, spec.paths, **kwargs.get(spec.format, {}))
     if not problems:
-        raise ValueError(f"benchmark {spec.name}: {spec.path} holds no problem (in the date window, for "
+        raise ValueError(f"benchmark {spec.name}: {spec.source} holds no problem (in the date window, for "
                          "livecodebench: see --lcb-start/--lcb-end).")
     return problems

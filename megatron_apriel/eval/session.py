@@ -80,7 +80,7 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
         by_id = {p.id: p for p in run.problems}
         budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets)
         summary = summarise(run.problems, ordered, spec.samples, budgets)
-        report["benchmarks"][spec.name] = {"format": spec.format, "path": str(spec.path), **summary}
+        report["benchmarks"][spec.name] = {"format": spec.format, "path": spec.source, **summary}
         report["timing"][spec.name] = {"wall_s": wall, "new_samples": len(ordered) - already}
         write_report(out, report)
     return report

@@ -6,6 +6,7 @@ import csv
 import json
 import pickle
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from megatron_apriel.verifiers import VERIFIERS
 from megatron_apriel.verifiers.multiple_choice import MultipleChoiceVerifier
 from tests.eval_fixtures import GPQA_COLUMNS, SUMS, lcb_rows, write_all, write_gpqa, write_lcb
 from tests.unit.conftest import apriel
+from tools.prepare_data import convert_file
 
 
 @pytest.fixture
@@ -75,6 +77,34 @@ def test_livecodebench_window_and_private_tests(files):
     assert fn["tests"] == [{"input": [[1, 2, 3]], "output": 6}, {"input": [[]], "output": 0},
                            {"input": [[5, -2]], "output": 3}]
     assert "class Solution" in problems["lcb-3001"].prompt[0]["content"]
+
+
+def _lcb_file(path: Path, dated: dict[str, str]) -> Path:
+    """LiveCodeBench rows (the fixture's first one) under the given question ids and contest dates."""
+    base = lcb_rows()[0]
+    path.write_text("".join(json.dumps({**base, "question_id": qid, "contest_date": when}) + "\n"
+                            for qid, when in dated.items()))
+    return path
+
+
+def test_livecodebench_v5_window_follows_the_official_rule_across_release_files(tmp_path):
+    # both sides of each edge of v5's window (--start_date 2024-08-01 --end_date 2025-02-01), as the
+    # runner compares: start <= contest_date <= end, as datetimes at 00:00
+    test4 = _lcb_file(tmp_path / "test4.jsonl", {"before": "2024-07-31T23:59:59", "at_start": "2024-08-01T00:00:00",
+                                                 "v4_inside": "2024-09-15T00:00:00"})
+    test5 = _lcb_file(tmp_path / "test5.jsonl", {"v4_inside": "2024-09-15T00:00:00",  # also in the earlier file
+                                                 "v5_inside": "2025-01-10T00:00:00", "at_end": "2025-02-01T00:00:00",
+                                                 "after_end": "2025-02-01T00:00:01", "later": "2025-03-01T00:00:00"})
+    kept = ["lcb-at_start", "lcb-v4_inside", "lcb-v5_inside", "lcb-at_end"]
+    assert [p.id for p in load("livecodebench", (test4, test5))] == kept
+    assert [p.id for p in load("livecodebench", test5)] == ["lcb-v4_inside", "lcb-v5_inside", "lcb-at_end"]
+    spec = BenchmarkSpec.parse(f"lcb_v5:livecodebench:{test4},{test5}")
+    assert spec.paths == (test4, test5) and [p.id for p in load_benchmark(spec)] == kept
+    assert len(spec.identity()["file_sha256"]) == 2  # a resumed evaluation must read the same files
+    out = tmp_path / "lcb_v5.jsonl"  # tools/prepare_data.py: the same window, files and counts
+    stats = convert_file("livecodebench", [test4, test5], out, start_date="2024-08-01", end_date="2025-02-01")
+    assert stats["written"] == 4 and stats["skipped: duplicate id (in an earlier file)"] == 1
+    assert sum(v for k, v in stats.items() if k.startswith("skipped: contest date")) == 3
 
 
 def test_livecodebench_private_tests_decide_the_score(files, needs_root):

@@ -61,13 +61,13 @@ CFG = EvalConfig(max_tokens=MAX_TOKENS, budgets=(40, 60), max_in_flight=3)
 
 def evaluate(tmp, fleet, spec, pool, cfg=CFG):
     problems = {spec.name: load_benchmark(spec)}
-    check_manifest(tmp, spec.path, cfg, [spec])
+    check_manifest(tmp, spec.paths[0], cfg, [spec])
 
     async def go():
         client = FleetClient(["http://fake"], max_attempts=1, transport=httpx.MockTransport(fleet.handle))
         try:
             return await run_benchmarks([spec], problems, client, ByteTokenizer(), pool, cfg, tmp, "fake",
-                                        spec.path, progress=False)
+                                        spec.paths[0], progress=False)
         finally:
             await client.aclose()
 
@@ -110,12 +110,12 @@ def test_scores_resume_and_budgets(tmp_path, pool):
 
 def test_a_rerun_with_other_settings_is_refused(tmp_path, pool):
     spec = BenchmarkSpec("aime", "aime", write_aime(tmp_path / "aime.jsonl"), n=N)
-    check_manifest(tmp_path / "out", spec.path, CFG, [spec])
+    check_manifest(tmp_path / "out", spec.paths[0], CFG, [spec])
     with pytest.raises(ValueError, match="sampling .*choose another --out"):
-        check_manifest(tmp_path / "out", spec.path, EvalConfig(max_tokens=MAX_TOKENS, seed=1), [spec])
-    write_aime(spec.path, [(1, 1)])
+        check_manifest(tmp_path / "out", spec.paths[0], EvalConfig(max_tokens=MAX_TOKENS, seed=1), [spec])
+    write_aime(spec.paths[0], [(1, 1)])
     with pytest.raises(ValueError, match="benchmark aime was evaluated on .*another file"):
-        check_manifest(tmp_path / "out", spec.path, CFG, [spec])
+        check_manifest(tmp_path / "out", spec.paths[0], CFG, [spec])
 
 
 def test_a_failure_in_a_later_benchmark_keeps_the_earlier_report(tmp_path, pool):
@@ -129,7 +129,7 @@ def test_a_failure_in_a_later_benchmark_keeps_the_earlier_report(tmp_path, pool)
         client = FleetClient(["http://fake"], max_attempts=1, transport=httpx.MockTransport(fleet.handle))
         try:
             await run_benchmarks([first, second], problems, client, ByteTokenizer(), pool, CFG, out, "fake",
-                                 first.path, progress=False)
+                                 first.paths[0], progress=False)
         finally:
             await client.aclose()
 
