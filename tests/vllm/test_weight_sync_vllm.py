@@ -1,6 +1,7 @@
 """Megatron (TP=2 / PP=2, 2 ranks, gloo) -> running vLLM server, end to end on CPU.
 
-For each layout: weights pushed while 16 long requests are decoding; every request completes
+For each layout: weights pushed while 16 long requests are decoding (held there by a pause once
+they all run, so the push lands mid-way on any machine); every request completes
 (none aborted) and reports the versions its tokens came from; the server's prompt log-probs then
 equal the trainer's (fp32, atol 1e-4); a push with one flipped byte is rejected, the server keeps
 serving the previous weights and version, and says why (TP=2: the byte is in a tensor sent from
@@ -49,6 +50,25 @@ def server_prompt_logprobs(url: str) -> list[list[float]]:
     return out
 
 
+def metric(url: str, name: str) -> float:
+    """A Prometheus series of the server's /metrics, summed over its labels."""
+    lines = httpx.get(url + "/metrics", timeout=60).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+
+
+def hold_when_decoding(url: str, n: int, tokens_before: float, thread: threading.Thread) -> None:
+    """Pause the server (``mode=keep``) once its ``n`` requests all run and have decoded two tokens
+    each: the push that follows then lands while every request is under way, however slowly the
+    machine decodes or the trainer sends (the push's own pause and resume take over from here)."""
+    deadline = time.monotonic() + 300
+    while not (metric(url, "vllm:num_requests_running") >= n
+               and metric(url, "vllm:generation_tokens_total") - tokens_before >= 2 * n):
+        assert thread.is_alive(), "the in-flight requests ended before they were all decoding"
+        assert time.monotonic() < deadline, "the in-flight requests never all ran"
+        time.sleep(0.02)
+    httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+
+
 def run_in_flight(url: str, results: list) -> threading.Thread:
     async def go():
         client = FleetClient([url])
@@ -77,8 +97,9 @@ def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server
     try:
         wait_for(tmp_path / "ready", proc)
         completions: list = []
+        tokens_before = metric(url, "vllm:generation_tokens_total")
         thread = run_in_flight(url, completions)
-        time.sleep(0.5)  # let the requests start decoding
+        hold_when_decoding(url, 16, tokens_before, thread)
         (tmp_path / "go1").touch()
         wait_for(tmp_path / "done1", proc)
         thread.join(120)
@@ -90,7 +111,7 @@ def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server
         assert all(c.finish_reason == "length" and len(c.token_ids) == 440 for c in completions)
         assert all(set(c.versions_seen) <= {previous, version} for c in completions)
         spanning = [c for c in completions if c.versions_seen == sorted({previous, version})]
-        assert spanning, [c.versions for c in completions]
+        assert len(spanning) == 16, [c.versions for c in completions]  # every one was held mid-way
         for c in spanning:
             assert c.first_version == previous and c.last_version == version
             assert c.versions[0].start == 0 and c.versions[-1].end == 440
