@@ -47,8 +47,11 @@ class Component:
     restarts_left: int = 0
     env: dict = field(default_factory=dict)
     proc: Optional[subprocess.Popen] = None
+    _family: list = field(default_factory=list, repr=False)
+    """Its descendants when `terminate` signalled it: `stop` kills those that left the group."""
 
     def start(self) -> None:
+        self._family = []
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.cmd)}\n")
@@ -64,6 +67,17 @@ class Component:
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
 
+    def terminate(self) -> None:
+        """SIGTERM to the component's process group, without waiting for it (`stop` waits), so that
+        several components stop at the same time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._family = _descendants(self.proc.pid)
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it exited between the poll and the signal
+
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the component's process group, SIGKILL after ``grace_s``. Then what is left
         is killed: the rest of the group (vLLM's engine and workers outlive a dead API server) and
@@ -71,7 +85,7 @@ class Component:
         ranks stuck in a collective would outlive a killed torchrun and keep its ports)."""
         if self.proc is None:
             return
-        family = _descendants(self.proc.pid)
+        family = list({p.pid: p for p in [*self._family, *_descendants(self.proc.pid)]}.values())
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -287,8 +301,18 @@ class Launcher:
                 time.sleep(0.5)
 
     def stop_all(self) -> None:
-        for c in reversed(self.components):  # trainer first: it may be sending weights to the servers
-            c.stop()
+        """The trainer first (it may be sending weights to the servers, and it saves its step), then
+        every other component at once: all get SIGTERM together, then each is waited for."""
+        self.trainer.stop()
+        others = [c for c in reversed(self.components) if c is not self.trainer]
+        running = [c.name for c in others if c.proc is not None and c.poll() is None]
+        t0 = time.monotonic()
+        for c in others:
+            c.terminate()
+        for c in others:
+            c.stop()  # also what an exited one left in its group
+        if running:
+            _say(f"stopped {', '.join(running)} in {time.monotonic() - t0:.1f}s")
 
 
 def _checkpointed_step(run: RunConfig) -> Optional[int]:

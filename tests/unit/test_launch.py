@@ -154,3 +154,38 @@ def test_stopping_a_component_kills_descendants_that_left_its_process_group(tmp_
     while Path(f"/proc/{rank}").exists() and "Z" not in Path(f"/proc/{rank}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the rank in its own session survived stop()"
         time.sleep(0.05)
+
+
+def test_after_the_trainer_the_other_components_stop_together(tmp_path):
+    """Each of two components exits on SIGTERM only once the other has had its SIGTERM too: stopped
+    one after the other, the first would wait out its grace and be killed."""
+    import time
+
+    from hydra import compose, initialize_config_module
+
+    from megatron_apriel.config import register_configs, to_run_config
+    from megatron_apriel.entrypoints.launch import Component, Launcher
+
+    register_configs()
+    with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
+        run = to_run_config(compose(config_name="tiny_local", overrides=[f"run_dir={tmp_path}"]))
+
+    def script(name: str, then: str) -> list[str]:
+        mine, other = tmp_path / f"{name}.term", tmp_path / f"{other_of[name]}.term"
+        on_term = f"touch {mine}; {then.format(other=other)}"
+        return ["bash", "-c", f"trap '{on_term}' TERM; touch {tmp_path / name}.ready; while :; do sleep 0.05; done"]
+
+    other_of = {"actor": "server_0", "server_0": "actor", "trainer": "actor"}
+    wait_other = "while [ ! -e {other} ]; do sleep 0.05; done; exit 0"
+    comps = [Component("server_0", script("server_0", wait_other), tmp_path / "s.log"),
+             Component("actor", script("actor", wait_other), tmp_path / "a.log"),
+             Component("trainer", script("trainer", "exit 0"), tmp_path / "t.log")]
+    launcher = Launcher(run, comps)
+    for c in comps:
+        c.start()
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"{c.name}.ready").exists() for c in comps):
+        assert time.monotonic() < deadline, "the components did not start"
+        time.sleep(0.05)
+    launcher.stop_all()
+    assert [c.proc.returncode for c in comps] == [0, 0, 0]  # none had to be killed
