@@ -25,12 +25,18 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
+    """Up for the session; stopped at its end if this session started it (a cluster that was up
+    before is left as it was)."""
     if os.geteuid() != 0:
         skip_or_fail(f"the SLURM tests start slurmctld/slurmd and need root, this runs as uid {os.geteuid()}")
-    proc = subprocess.run(["bash", str(REPO / "tools" / "setup_slurm.sh")], capture_output=True, text=True,
-                          timeout=600)
+    script = str(REPO / "tools" / "setup_slurm.sh")
+    was_up = subprocess.run(["bash", script, "status"], capture_output=True).returncode == 0
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"tools/setup_slurm.sh failed:\n{proc.stdout}\n{proc.stderr}"
-    return True
+    yield True
+    if not was_up:
+        stopped = subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, f"tools/setup_slurm.sh stop failed:\n{stopped.stderr}"
 
 
 @pytest.fixture(scope="session")
