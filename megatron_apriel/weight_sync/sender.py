@@ -166,9 +166,11 @@ class WeightSender:
         """(Re)join the stage groups if the fleet changed, or ``force`` (every rank calls); True if it did.
         Raises `StopRequested` on every rank if a stop ended the coordinator's wait for a server."""
         change = [None]
-        if self.is_coordinator:
-            found = self._live_members() if force else None
-            change = [(_STOP if found is None else found[0]) if force else self._fleet_changed()]
+        if self.is_coordinator and force:
+            found = self._live_members()
+            change = [_STOP if found is None else found[0]]
+        elif self.is_coordinator:
+            change = [self._fleet_changed()]
         dist.broadcast_object_list(change, src=0)
         if change[0] == _STOP:
             raise StopRequested
