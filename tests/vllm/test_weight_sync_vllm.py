@@ -20,8 +20,8 @@ import httpx
 import pytest
 import torch
 
-from megatron_apriel.rollout.client import FleetClient, SamplingConfig
 from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.rollout.client import FleetClient, SamplingConfig
 from megatron_apriel.weight_sync.protocol import parse_version_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,31 +50,54 @@ def server_prompt_logprobs(url: str) -> list[list[float]]:
     return out
 
 
-def metric(url: str, name: str) -> float:
-    """A Prometheus series of the server's /metrics, summed over its labels."""
+def metrics(url: str, *names: str) -> list[float]:
+    """Prometheus series of the server's /metrics (one scrape), each summed over its labels."""
     lines = httpx.get(url + "/metrics", timeout=60).text.splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+    return [sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + "{", name + " ")))
+            for name in names]
 
 
-def hold_when_decoding(url: str, n: int, tokens_before: float, thread: threading.Thread) -> None:
+RUNNING, TOKENS, FINISHED = "vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:request_success_total"
+
+
+def hold_when_decoding(url: str, n: int, thread: threading.Thread, before: list[float]) -> bool:
     """Pause the server (``mode=keep``) once its ``n`` requests all run and have decoded two tokens
-    each: the push that follows then lands while every request is under way, however slowly the
-    machine decodes or the trainer sends (the push's own pause and resume take over from here)."""
+    each, so the push that follows lands while they are under way (the push's own pause and resume
+    take over from here). True if the hold caught them: read while paused, when no step runs, so
+    the answer cannot change before the push. False if they finished between the scrape and the
+    pause (a busy machine can take that long): the caller resumes and tries a fresh batch."""
     deadline = time.monotonic() + 300
-    while not (metric(url, "vllm:num_requests_running") >= n
-               and metric(url, "vllm:generation_tokens_total") - tokens_before >= 2 * n):
+    while True:
+        running, tokens, _ = metrics(url, RUNNING, TOKENS, FINISHED)
+        if running >= n and tokens - before[1] >= 2 * n:
+            break
         assert thread.is_alive(), "the in-flight requests ended before they were all decoding"
         assert time.monotonic() < deadline, "the in-flight requests never all ran"
         time.sleep(0.02)
     httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+    running, _, finished = metrics(url, RUNNING, TOKENS, FINISHED)
+    return running >= n and finished == before[2]
 
 
-def run_in_flight(url: str, results: list) -> threading.Thread:
+def start_held_requests(url: str, n: int, completions: list, tries: int = 3) -> threading.Thread:
+    """``n`` long requests decoding on a paused server (see ``hold_when_decoding``)."""
+    for _ in range(tries):
+        completions.clear()
+        before = metrics(url, RUNNING, TOKENS, FINISHED)
+        thread = run_in_flight(url, n, completions)
+        if hold_when_decoding(url, n, thread, before):
+            return thread
+        httpx.post(url + "/resume", timeout=60).raise_for_status()
+        thread.join(120)
+    raise AssertionError(f"the {n} requests finished before the hold in {tries} tries")
+
+
+def run_in_flight(url: str, n: int, results: list) -> threading.Thread:
     async def go():
         client = FleetClient([url])
         sampling = SamplingConfig(max_tokens=440, temperature=1.0, ignore_eos=True)
         try:
-            outs = await asyncio.gather(*(client.generate([7 + i, 11, 13], sampling) for i in range(16)))
+            outs = await asyncio.gather(*(client.generate([7 + i, 11, 13], sampling) for i in range(n)))
             results.extend(c for group in outs for c in group)
         finally:
             await client.aclose()
@@ -97,9 +120,7 @@ def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server
     try:
         wait_for(tmp_path / "ready", proc)
         completions: list = []
-        tokens_before = metric(url, "vllm:generation_tokens_total")
-        thread = run_in_flight(url, completions)
-        hold_when_decoding(url, 16, tokens_before, thread)
+        thread = start_held_requests(url, 16, completions)
         (tmp_path / "go1").touch()
         wait_for(tmp_path / "done1", proc)
         thread.join(120)
