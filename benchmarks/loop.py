@@ -58,14 +58,14 @@ def actor_overhead(groups: int = 400, group_size: int = 8) -> dict:
     from megatron_apriel.data.datasets import ProblemPools
     from megatron_apriel.data.order import DomainOrder
     from megatron_apriel.rewards import RewardConfig
-    from megatron_apriel.rollout.actor import Actor, ActorConfig
-    from megatron_apriel.rollout.client import FleetClient, SamplingConfig
-    from megatron_apriel.rollout.source import RolloutConfig
+    from megatron_apriel.rollout.actor import Actor
+    from megatron_apriel.rollout.client import FleetClient
+    from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
     from megatron_apriel.rollout.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
     from megatron_apriel.sampling.domain_sampler import SamplerConfig
     from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
-    from megatron_apriel.testing.tiny_task import addition_problems
-    from megatron_apriel.verifiers.base import correct, failed, Outcome
+    from megatron_apriel.tiny.base import addition_problems
+    from megatron_apriel.verifiers.base import Outcome, correct, failed
 
     async def instant_verify(domain, problem, texts):
         return [correct() if i % 2 else failed(Outcome.WRONG) for i in range(len(texts))]

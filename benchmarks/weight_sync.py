@@ -226,8 +226,10 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     from megatron_apriel.model import ModelArch, ModelConfig, build_model
     from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-    from megatron_apriel.rollout.client import FleetClient, SamplingConfig
-    from megatron_apriel.weight_sync.sender import WeightSender, WeightSyncConfig
+    from megatron_apriel.rollout.client import FleetClient
+    from megatron_apriel.rollout.config import SamplingConfig
+    from megatron_apriel.weight_sync.config import WeightSyncConfig
+    from megatron_apriel.weight_sync.sender import WeightSender
     from megatron_apriel.weight_sync.source import table_to_hf
 
     ctx = init_parallel(ParallelConfig())
@@ -260,7 +262,7 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
 
 def pause(updates: int) -> None:
     from megatron_apriel.rollout.fleet import start_server
-    from megatron_apriel.testing.tiny_model import build_tiny_model
+    from megatron_apriel.tiny.model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_tiny_model(f"{tmp}/tiny"))

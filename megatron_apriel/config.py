@@ -10,45 +10,20 @@ plus it) and one temperature (``loss.temperature`` is also the sampling temperat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from megatron_apriel.model.provider import ModelConfig
-from megatron_apriel.model.wrap import OptimConfig
+from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
 from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.actor import ActorConfig
-from megatron_apriel.rollout.fleet import FleetConfig
-from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig
 from megatron_apriel.slurm.config import SlurmConfig
-from megatron_apriel.testing.tiny_task import TinyBaseConfig
-from megatron_apriel.trainer.checkpoint import CheckpointConfig
-from megatron_apriel.trainer.loss import LossConfig
-from megatron_apriel.weight_sync.sender import WeightSyncConfig
-
-
-@dataclass
-class TrainerConfig:
-    steps: int = 250
-    """Optimizer steps in the run (the paper: 250)."""
-    seq_len: int = 20480
-    """Longest prompt + completion in tokens; also the packed row length (16K output + prompt)."""
-    packing: bool = True
-    """Pack several sequences per row (THD). False: right-padded rows of micro_batch_size."""
-    micro_batch_size: int = 1
-    """Rows per micro-batch when packing is off."""
-    log_every: int = 1
-    inject_nan_at_step: Optional[int] = None
-    """Fault injection for tests: poison one behaviour log-prob of this step's batch, so its loss
-    is NaN (the run must stop, naming the step and groups, and keep its last good checkpoint)."""
-
-    def __post_init__(self) -> None:
-        if min(self.steps, self.seq_len, self.micro_batch_size, self.log_every) < 1:
-            raise ValueError("trainer.steps, seq_len, micro_batch_size and log_every must be >= 1.")
+from megatron_apriel.tiny.config import TinyBaseConfig
+from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
+from megatron_apriel.weight_sync.config import WeightSyncConfig
 
 
 @dataclass
@@ -93,12 +68,11 @@ class RunConfig:
     """Where apriel-submit runs the config on a SLURM cluster (ignored by apriel-train)."""
 
     def __post_init__(self) -> None:
-        if self.tiny_base.enabled:
-            base = str(Path(self.run_dir) / "base")
-            if self.model.hf_path not in (None, base):
+        if self.tiny_base.enabled and self.model.hf_path is not None:
+            base = Path(self.run_dir).resolve() / "base"
+            if Path(self.model.hf_path).resolve() != base:
                 raise ValueError(f"tiny_base.enabled builds the model into {base}, but model.hf_path="
                                  f"{self.model.hf_path}: leave model.hf_path unset or turn tiny_base off.")
-            self.model.hf_path = base
         budget = self.rewards.max_len
         if self.rollout.source == "local":
             need, what = self.rollout.local.prompt_len + budget, f"rollout.local.prompt_len={self.rollout.local.prompt_len}"
@@ -111,14 +85,22 @@ class RunConfig:
             raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
                              "Face model directory.")
 
+    def resolved(self) -> RunConfig:
+        """A copy with what every process of the run must read alike made explicit: ``run_dir``
+        absolute (children may start elsewhere) and, with ``tiny_base.enabled``, ``model.hf_path``
+        pointing at the base built in ``run_dir/base``."""
+        run_dir = Path(self.run_dir).resolve()
+        model = replace(self.model, hf_path=str(run_dir / "base")) if self.tiny_base.enabled else self.model
+        return replace(self, run_dir=str(run_dir), model=model)
+
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    """Validated dataclasses from a composed config (runs every ``__post_init__`` check)."""
+    """Validated, resolved dataclasses from a composed config (runs every ``__post_init__`` check)."""
     run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
         raise TypeError("the config was not composed on run_schema; start the YAML with `defaults: [run_schema, _self_]`.")
-    return run
+    return run.resolved()

@@ -7,10 +7,9 @@ calls `shape_group_rewards` once the whole group has finished, then `group_advan
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
-
-import numpy as np
 
 ADVANTAGE_MODES = ("loo", "group_norm")
 
@@ -126,14 +125,17 @@ def group_advantages(rewards: Sequence[float], mode: str = "loo", eps: float = 1
     'loo' (leave-one-out, the recipe): A_i = r_i - mean_{j != i} r_j, no std division.
     'group_norm' (GSPO paper): A_i = (r_i - mean_j r_j) / (std_j r_j + eps), population std.
     """
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim != 1 or r.size < 2:
-        raise ValueError(f"need a 1-D group of at least 2 rewards, got shape {r.shape}.")
+    r = [float(x) for x in rewards]
+    g = len(r)
+    if g < 2:
+        raise ValueError(f"need a group of at least 2 rewards, got {g}.")
+    total = math.fsum(r)
     if mode == "loo":
-        g = r.size
-        return list(r - (r.sum() - r) / (g - 1))
+        return [x - (total - x) / (g - 1) for x in r]
     if mode == "group_norm":
-        return list((r - r.mean()) / (r.std() + eps))
+        mean = total / g
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in r) / g)
+        return [(x - mean) / (std + eps) for x in r]
     raise ValueError(f"mode={mode!r}: use 'loo' or 'group_norm'.")
 
 

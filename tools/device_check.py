@@ -31,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_apriel.convert.mapping import canonical_shapes  # noqa: E402
 from megatron_apriel.model import ModelArch, ModelConfig, build_model  # noqa: E402
+from megatron_apriel.model.config import OptimConfig
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict  # noqa: E402
-from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model  # noqa: E402
+from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, init_parallel  # noqa: E402
 from megatron_apriel.trainer.batch import TrainSample, packed_microbatches  # noqa: E402
-from megatron_apriel.trainer.loss import LossConfig  # noqa: E402
+from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step  # noqa: E402
 
 ARCH = ModelArch(family="qwen3", vocab_size=1000, hidden_size=128, ffn_hidden_size=256, num_layers=2, num_heads=4,

@@ -53,7 +53,8 @@ def sharded_layout(arch: ModelArch, ctx) -> ShardedLayout:
     """Read the key layout from a tiny one-layer Megatron model with the same structure."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    from megatron_apriel.model.provider import ModelConfig, build_model
+    from megatron_apriel.model.config import ModelConfig
+    from megatron_apriel.model.provider import build_model
 
     tiny = replace(arch, vocab_size=16, hidden_size=8, ffn_hidden_size=8, num_layers=1, num_heads=2,
                    num_kv_heads=1, head_dim=4)
@@ -76,35 +77,6 @@ def _split_layer(name: str) -> tuple[Optional[int], str]:
         idx, rel = name[len("decoder.layers."):].split(".", 1)
         return int(idx), rel
     return None, name
-
-
-def to_sharded(canonical: Mapping[str, torch.Tensor], arch: ModelArch, layout: ShardedLayout,
-               padded_vocab: int) -> dict:
-    """Canonical tensors (any subset) -> ShardedTensors of the global checkpoint tensors (replica 0).
-
-    Decoder-layer tensors get the layer axis (offset = global layer index of ``num_layers``);
-    vocabulary tensors are zero-padded to ``padded_vocab`` rows. Adds each layer's ShardedObjects.
-    """
-    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-
-    from megatron_apriel.convert.transforms import pad_vocab
-
-    out, layers = {}, set()
-    for name, tensor in canonical.items():
-        layer, rel = _split_layer(name)
-        key = layout.tensor_keys[rel]
-        if layer is None:
-            if rel in ("embedding.word_embeddings.weight", "output_layer.weight"):
-                tensor = pad_vocab(tensor, padded_vocab)
-            out[name] = ShardedTensor.from_rank_offsets(key, tensor, replica_id=0)
-        else:
-            layers.add(layer)
-            out[name] = ShardedTensor.from_rank_offsets(key, tensor, (0, layer, arch.num_layers), replica_id=0,
-                                                        prepend_axis_num=1)
-    for layer in sorted(layers):
-        for key in layout.layer_object_keys:
-            out[f"{key}@{layer}"] = ShardedObject(key, None, (arch.num_layers,), (layer,), replica_id=0)
-    return out
 
 
 def pieces_to_sharded(pieces: Mapping[str, list[tuple[int, torch.Tensor]]], arch: ModelArch,

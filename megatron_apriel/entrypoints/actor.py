@@ -47,8 +47,15 @@ def load_pools(run: RunConfig):
     return pools
 
 
+def verifier_pool(run: RunConfig):
+    """The actor's verifier processes, each with the run's verifier settings (``actor.verifiers.*``)."""
+    from megatron_apriel.verifiers import make_verifier_pool
+
+    return make_verifier_pool(run.actor.verifier_workers, run.actor.verifiers)
+
+
 def sampling_config(run: RunConfig):
-    from megatron_apriel.rollout.client import SamplingConfig
+    from megatron_apriel.rollout.config import SamplingConfig
 
     return SamplingConfig(max_tokens=run.rewards.max_len, temperature=run.loss.temperature, top_p=run.actor.top_p,
                           stop=tuple(run.actor.stop))
@@ -61,13 +68,13 @@ async def _run_actor(run: RunConfig) -> None:
     from megatron_apriel.rollout.client import FleetClient
     from megatron_apriel.rollout.fleet import FLEET_DIR, fleet_urls, registered
     from megatron_apriel.rollout.stream import StreamWriter
-    from megatron_apriel.verifiers import make_verifier_pool, verify_group
+    from megatron_apriel.verifiers import verify_group
 
     pools = load_pools(run)
     urls = fleet_urls(run.fleet, run.run_dir)
     client = FleetClient(urls, max_attempts=run.fleet.request_attempts, cooldown_s=run.fleet.cooldown_s,
                          timeout_s=run.fleet.request_timeout_s, stall_timeout_s=run.fleet.stall_timeout_s)
-    pool = make_verifier_pool(run.actor.verifier_workers)
+    pool = verifier_pool(run)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

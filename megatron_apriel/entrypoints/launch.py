@@ -194,7 +194,7 @@ def plan(run: RunConfig) -> list[Component]:
 def prepare_base(run: RunConfig) -> None:
     if not run.tiny_base.enabled:
         return
-    from megatron_apriel.testing.tiny_task import build_warm_base
+    from megatron_apriel.tiny.base import build_warm_base
 
     base = Path(run.model.hf_path)
     if not base.is_dir():
@@ -379,7 +379,6 @@ def _numel(shape) -> int:
 
 def launch(run: RunConfig, raw: DictConfig) -> int:
     """Run the whole job on this machine; returns the process exit code."""
-    run.run_dir = str(Path(run.run_dir).resolve())
     try:
         preflight(run)  # the dry run runs the same checks: it says what the launch would refuse
         components = plan(run)

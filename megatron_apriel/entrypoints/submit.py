@@ -81,7 +81,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     try:
         run, _ = compose_run(args.config_name, overrides, args.config_dir)
-        run.run_dir = str(Path(run.run_dir).resolve())
         layout = job_layout(run)
         template = Path(args.template) if args.template else shipped("train.sbatch")
         text = render(template.read_text(), run, layout, args.config_name, overrides, args.config_dir)

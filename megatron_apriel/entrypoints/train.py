@@ -46,20 +46,20 @@ def setup_logging(component: str = "rank") -> None:
 
 
 def _local_source(run: RunConfig, ctx, parts):
-    from megatron_apriel.rollout.local import LocalRolloutSource
+    from megatron_apriel.trainer.local_source import LocalRolloutSource
 
     return LocalRolloutSource(run.rollout, parts.chunks[0], ctx, parts.arch.vocab_size, run.loss.temperature,
                               run.rewards)
 
 
 def _stream_source(run: RunConfig, ctx, parts):
-    from megatron_apriel.rollout.source import StreamSource
+    from megatron_apriel.trainer.source import StreamSource
 
     return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix)
 
 
 def _replay_source(run: RunConfig, ctx, parts):
-    from megatron_apriel.rollout.source import StreamSource
+    from megatron_apriel.trainer.source import StreamSource
     from megatron_apriel.rollout.stream import list_segments
 
     if not list_segments(Path(run.rollout.replay_from)):

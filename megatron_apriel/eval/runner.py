@@ -19,7 +19,8 @@ from megatron_apriel.data.prompts import render_prompt
 from megatron_apriel.eval.metrics import truncate_at_budget
 from megatron_apriel.eval.results import ResultsFile, SampleRecord
 from megatron_apriel.eval.scoring import score_texts
-from megatron_apriel.rollout.client import Completion, FleetClient, SamplingConfig
+from megatron_apriel.rollout.client import Completion, FleetClient
+from megatron_apriel.rollout.config import SamplingConfig
 from megatron_apriel.rollout.types import Problem
 
 log = logging.getLogger(__name__)

@@ -8,64 +8,13 @@ never a silent fallback.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from megatron_apriel.model.arch import ModelArch, padded_vocab_size  # noqa: F401 (re-exported)
+from megatron_apriel.model.config import ModelConfig
 from megatron_apriel.parallel.groups import ParallelContext
-
-FP8_FORMATS = ("hybrid", "e4m3")
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-
-
-@dataclass
-class ModelConfig:
-    """Which model to build and with which kernels."""
-
-    hf_path: Optional[str] = None
-    """Hugging Face model directory whose config.json defines the architecture. Null: use ``arch``."""
-    arch: ModelArch = field(default_factory=ModelArch)
-    """Inline architecture, used when hf_path is null (the tiny CPU preset)."""
-    transformer_impl: str = "auto"
-    """auto (transformer_engine with CUDA and TE installed, local otherwise), local or transformer_engine."""
-    precision: str = "auto"
-    """auto (bf16 on GPU, fp32 on CPU), fp32 or bf16."""
-    fp8: Optional[str] = None
-    """null, hybrid or e4m3: FP8 GEMMs through Transformer Engine (GPU only)."""
-    fp8_recipe: str = "delayed"
-    """delayed, tensorwise, blockwise or mxfp8 (TE scaling recipe; mxfp8 needs Blackwell)."""
-    make_vocab_size_divisible_by: int = 128
-    """The embedding is padded to a multiple of this times tp; padded logits are masked in the loss."""
-    fp32_lm_head: bool = False
-    """Compute the output projection (logits) in fp32 from the bf16 weights, as the rollout engine
-    can; keeps train/inference log-prob drift down in bf16 runs. A no-op in fp32."""
-    recompute: Optional[str] = None
-    """Activation recomputation: null, selective or full (full recomputes every layer)."""
-    init_std: float = 0.02
-    """Std of the random init (weights are normally loaded from a checkpoint)."""
-    dropout: float = 0.0
-    """Hidden and attention dropout probability during training steps (0: the recipe trains without).
-    Non-zero makes each step draw from the RNG, whose state checkpoints save and restore."""
-
-    def __post_init__(self) -> None:
-        if self.transformer_impl not in ("auto", "local", "transformer_engine"):
-            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, got {self.transformer_impl!r}.")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"model.precision must be auto, fp32 or bf16, got {self.precision!r}.")
-        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
-            raise ValueError(f"model.fp8 must be null or one of {FP8_FORMATS}, got {self.fp8!r}.")
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
-        if self.recompute not in (None, "selective", "full"):
-            raise ValueError(f"model.recompute must be null, selective or full, got {self.recompute!r}.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}.")
-
-    def resolve_arch(self) -> ModelArch:
-        return ModelArch.from_hf_dir(self.hf_path) if self.hf_path else self.arch
 
 
 def te_available() -> bool:

@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 import torch
 
+from megatron_apriel.model.config import OptimConfig
 from megatron_apriel.parallel.groups import ParallelContext
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    """Peak learning rate (Apriel configs: 5e-7; GSPO script and PipelineRL default: 1e-6)."""
-    min_lr: float = 0.0
-    warmup_steps: int = 50
-    """Linear warm-up from 0 to lr over this many optimizer steps."""
-    decay_style: str = "cosine"
-    """cosine, linear or constant after warm-up."""
-    decay_steps: Optional[int] = None
-    """Steps over which the LR decays to min_lr; null = the run's trainer.steps."""
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 0.1
-    """Global gradient-norm clip (Apriel: 0.1; PipelineRL default 0.3)."""
-    distributed_optimizer: bool = True
-    """Shard optimizer state over data-parallel ranks (Megatron distributed optimizer)."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"optim needs 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}.")
-        if self.decay_style not in ("cosine", "linear", "constant"):
-            raise ValueError(f"optim.decay_style must be cosine, linear or constant, got {self.decay_style!r}.")
-        if self.warmup_steps < 0 or self.clip_grad < 0:
-            raise ValueError("optim.warmup_steps and optim.clip_grad must be >= 0.")
 
 
 def wrap_model(model, ctx: ParallelContext, grad_reduce_in_fp32: bool = True):

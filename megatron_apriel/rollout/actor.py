@@ -28,7 +28,6 @@ import asyncio
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -36,48 +35,15 @@ from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.data.prompts import render_prompt
 from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
                                      task_reward)
-from megatron_apriel.rollout.client import Completion, FleetClient, FleetUnavailable, SamplingConfig
+from megatron_apriel.rollout.client import Completion, FleetClient, FleetUnavailable
+from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.rollout.lag import may_admit
-from megatron_apriel.rollout.source import RolloutConfig
 from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
                                             read_progress)
-from megatron_apriel.rollout.types import GroupTimings, Problem, Rollout, RolloutGroup
-from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, SamplerConfig
+from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Problem, Rollout, RolloutGroup
+from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler
 
 log = logging.getLogger("megatron_apriel.actor")
-
-
-@dataclass
-class ActorConfig:
-    data: list[str] = field(default_factory=list)
-    """Problem files (jsonl or parquet, see tools/prepare_data.py); relative paths are taken from
-    the working directory. Every domain of the sampler's mix needs problems in them."""
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    max_in_flight: int = 256
-    """Groups being generated or verified at once (each asks the fleet for G sequences)."""
-    max_queued_steps: int = 4
-    """At most this many steps' worth of groups (groups_per_step each, filtered ones included) wait
-    ahead of the trainer, whatever max_lag: the stream stops growing while the trainer is down."""
-    verifier_workers: int = 4
-    """Processes that run the verifiers (the code sandbox and math-verify's timers need processes)."""
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    """Stop strings for vLLM (the token ids of the stop string stay in the completion)."""
-    max_prompt_tokens: int = 4096
-    """Longer rendered prompts are skipped (and counted); trainer.seq_len must fit this plus the budget."""
-    flush_interval_s: float = 1.0
-    """Finished groups are written at least this often (and at once when the trainer waits)."""
-    poll_s: float = 0.1
-    """How often the trainer's progress is read while nothing finishes."""
-    metrics_every_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if min(self.max_in_flight, self.max_queued_steps, self.verifier_workers, self.max_prompt_tokens) < 1:
-            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens must be >= 1.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"actor.top_p={self.top_p} must be in (0, 1].")
-        if min(self.flush_interval_s, self.poll_s, self.metrics_every_s) <= 0:
-            raise ValueError("actor.flush_interval_s, poll_s and metrics_every_s must be > 0.")
 
 
 def build_group(problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,
@@ -95,7 +61,8 @@ def build_group(problem: Problem, prompt_ids: list[int], completions: list[Compl
     elif rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, rewards.zero_advantage_tol):
         dropped = "zero_advantage"
     rollouts = [Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
-                        finish_reason=c.finish_reason, outcome=r.outcome.value, score=r.score, success=ok,
+                        finish_reason=c.finish_reason, outcome=r.outcome.value, detail=r.detail[:DETAIL_CHARS],
+                        score=r.score, success=ok,
                         reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts)
                 for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
     return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
@@ -157,6 +124,10 @@ class Actor:
         t1 = time.monotonic()
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         results = await self.verify(problem.domain, problem, texts)
+        for r in results:
+            if r.outcome.value == "verifier_error":
+                log.error("problem %s (%s): the verifier failed, the group is dropped: %s", problem.id, problem.domain,
+                          r.detail[:DETAIL_CHARS])
         timings = GroupTimings(submitted_at=submitted, generate_s=t1 - t0, verify_s=time.monotonic() - t1)
         return build_group(problem, prompt, completions, results, self.rewards, pending.admitted_version, timings)
 

@@ -33,31 +33,11 @@ from typing import Optional
 
 import httpx
 
+from megatron_apriel.rollout.config import SamplingConfig
 from megatron_apriel.rollout.types import VersionSpan
 from megatron_apriel.weight_sync.protocol import STARTUP_LABEL, parse_version_label
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: tuple[int, ...] = ()
-    stop: tuple[str, ...] = ()
-    """Stop strings (the server detokenises to find them; token ids still hold every token)."""
-    ignore_eos: bool = False
-    seed: Optional[int] = None
-
-    def to_vllm(self, n: int) -> dict:
-        params = {"n": n, "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                  "logprobs": 0, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids)}
-        if self.stop:
-            params["stop"] = list(self.stop)
-        if self.seed is not None:
-            params["seed"] = self.seed
-        return params
 
 
 @dataclass

@@ -20,55 +20,16 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from megatron_apriel.rollout.config import FleetConfig
+
 FLEET_DIR = "fleet"
-
-
-@dataclass
-class FleetConfig:
-    """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
-
-    servers: list[str] = field(default_factory=list)
-    """Base URLs of servers that are already running. Empty: discover them in run_dir/fleet/
-    (the launcher, or SLURM, starts them with ``--register-dir``)."""
-    num_servers: int = 1
-    """Servers the local launcher starts, and how many the trainer and the actor wait for."""
-    host: str = "127.0.0.1"
-    """Where the local launcher's servers listen."""
-    port: int = 0
-    """First port of the local servers (server i uses port + i); 0: free ports."""
-    vllm_args: list[str] = field(default_factory=list)
-    """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]."""
-    startup_timeout_s: float = 900.0
-    """How long a server may take to answer /health (vLLM loads and compiles the model first)."""
-    max_restarts: int = 3
-    """Restarts of a crashed server by the local launcher before the run fails."""
-    request_attempts: int = 8
-    """Tries of one generation request (a failed server's requests go to another one)."""
-    cooldown_s: float = 2.0
-    """A server that failed gets no request for this long."""
-    request_timeout_s: float = 3600.0
-    stall_timeout_s: Optional[float] = 300.0
-    """A server with requests in flight that produces no token for this long (its /metrics counter)
-    is treated as failed and its requests go elsewhere; null: never (weight updates pause it briefly)."""
-
-    def __post_init__(self) -> None:
-        if self.num_servers < 1 and not self.servers:
-            raise ValueError("fleet.num_servers must be >= 1 (or list running servers in fleet.servers).")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"fleet.port={self.port} is not a port; 0 picks free ones.")
-        if min(self.startup_timeout_s, self.cooldown_s, self.request_timeout_s) <= 0 or self.request_attempts < 1:
-            raise ValueError("fleet timeouts and cooldown_s must be > 0 and request_attempts >= 1.")
-        if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
-            raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
-        if self.max_restarts < 0:
-            raise ValueError("fleet.max_restarts must be >= 0.")
 
 
 class Registration(BaseModel):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -217,22 +216,6 @@ class StreamReader:
             raise RuntimeError(f"rollout stream out of order: expected group {self.cursor}, read {group.seq}.")
         self.cursor += 1
         return group
-
-    def wait_group(self, poll_s: float = 0.05, timeout_s: Optional[float] = None,
-                   on_wait=None) -> RolloutGroup:
-        """Block until the group at ``cursor`` exists; ``on_wait()`` is called between polls."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        delay = poll_s
-        while (group := self.next_group()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"no rollout group {self.cursor} in {self.root} after {timeout_s}s: is the actor "
-                                   "running? Its log is run_dir/logs/actor.log.")
-            if on_wait is not None:
-                on_wait()
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        return group
-
 
 def write_progress(root: str | Path, progress: TrainerProgress) -> None:
     root = Path(root)

@@ -67,28 +67,13 @@ class Problem:
         except TypeError as err:
             raise ValueError(f"Problem {self.id!r}: reference and metadata must be JSON-serialisable ({err}).") from err
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON-lines form read back by `from_json` and `megatron_apriel.data`."""
-        return {"id": self.id, "domain": self.domain, "prompt": self.prompt,
-                "reference": self.reference, "metadata": self.metadata}
-
-    @classmethod
-    def from_json(cls, row: dict[str, Any]) -> Problem:
-        """Inverse of `to_json`; raises ValueError naming the missing or unknown keys."""
-        required = {"id", "domain", "prompt", "reference"}
-        missing = required - set(row)
-        unknown = set(row) - required - {"metadata"}
-        if missing or unknown:
-            raise ValueError(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)}; "
-                             f"a Problem row has {sorted(required)} and optionally 'metadata'.")
-        return cls(id=str(row["id"]), domain=row["domain"], prompt=list(row["prompt"]),
-                   reference=row["reference"], metadata=dict(row.get("metadata") or {}))
-
 
 # --- rollout records: what the actor writes into the stream and the trainer reads back ---------
 
-SCHEMA_VERSION = 1
-"""Format version of `RolloutGroup`; a reader refuses any other (old runs are not silently misread)."""
+SCHEMA_VERSION = 2
+"""Format version of `RolloutGroup` written now; a reader refuses any it does not know (old runs are
+not silently misread). 2: rollouts carry the verifier's ``detail``; 1 (without it) is still read."""
+READ_SCHEMA_VERSIONS = (1, 2)
 
 
 def _encode_array(values, dtype: str) -> str:
@@ -109,6 +94,10 @@ TokenIds = Annotated[list[int], BeforeValidator(_decoder("<i4")),
 LogProbs = Annotated[list[float], BeforeValidator(_decoder("<f4")),
                      PlainSerializer(lambda v: _encode_array(v, "<f4"), when_used="json")]
 """Log-probs; stored as base64 float32 (vLLM computes them in float32, so nothing is lost)."""
+
+
+DETAIL_CHARS = 500
+"""The longest verifier note a rollout record keeps (a sandbox traceback is cut, not dropped)."""
 
 
 class _Record(BaseModel):
@@ -135,6 +124,9 @@ class Rollout(_Record):
     """vLLM's: stop (EOS or a stop string), length (hit the output budget), ..."""
     outcome: str
     """The verifier's `Outcome` value (correct, wrong, no_answer, unparsable, timeout, verifier_error)."""
+    detail: str = Field(default="", max_length=DETAIL_CHARS)
+    """The verifier's note on its verdict (why the answer is wrong, or why the verifier failed),
+    cut to ``DETAIL_CHARS``; empty in streams written before it was recorded."""
     score: float = Field(ge=0.0, le=1.0)
     """Task reward R in [0, 1] (partial credit allowed)."""
     success: bool
@@ -179,9 +171,6 @@ class GroupTimings(_Record):
     verify_s: float = Field(ge=0.0)
 
 
-DROP_REASONS = ("zero_advantage", "verifier_error")
-
-
 class RolloutGroup(_Record):
     """The G rollouts of one prompt, as one record of the durable stream."""
 
@@ -201,8 +190,8 @@ class RolloutGroup(_Record):
 
     @model_validator(mode="after")
     def _known_schema(self):
-        if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"rollout group schema {self.schema_version}, this reader speaks {SCHEMA_VERSION}; "
+        if self.schema_version not in READ_SCHEMA_VERSIONS:
+            raise ValueError(f"rollout group schema {self.schema_version}, this reader speaks {READ_SCHEMA_VERSIONS}; "
                              "read the stream with the megatron_apriel version that wrote it.")
         return self
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -43,23 +42,6 @@ FORMAT_VERSION = 1
 # Optimizer state saved fully in parallel, as each DP rank holds it: it resumes at the same TP/PP
 # (any DP). The model weights are saved in model space and load at any layout.
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
-
-
-@dataclass
-class CheckpointConfig:
-    save_every: int = 50
-    """Save every this many optimizer steps (0: only at the end and on SIGTERM/SIGUSR1)."""
-    save_at_end: bool = True
-    resume: bool = True
-    """Continue from the newest complete checkpoint in run_dir/checkpoints when there is one."""
-    keep_last: int = 2
-    """Complete checkpoints kept; older ones are deleted after a successful save (0: keep all)."""
-    load: Optional[str] = None
-    """Initial model weights for a fresh run: a Megatron dist checkpoint (apriel-convert hf-to-mcore)."""
-
-    def __post_init__(self) -> None:
-        if self.save_every < 0 or self.keep_last < 0:
-            raise ValueError("checkpoint.save_every and checkpoint.keep_last must be >= 0.")
 
 
 def step_dir(root: Path, step: int) -> Path:

@@ -19,43 +19,11 @@ with w_i = n_i ("length", the authors' choice) or 1 ("equal"), B = sequences in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-LOSS_KINDS = ("gspo", "gspo_token", "grpo")
-
-
-@dataclass
-class LossConfig:
-    kind: str = "gspo"
-    """gspo (sequence ratio), gspo_token (GSPO-token: same value and gradient, per-token form) or
-    grpo (token ratio; with aggregation=token_mean this is DAPO's token-level loss)."""
-    eps_low: float = 3e-3
-    """Lower clip: ratios below 1 - eps_low stop pushing down. GSPO paper: 3e-4; authors' runs: 3e-3."""
-    eps_high: float = 4e-3
-    """Upper clip: ratios above 1 + eps_high stop pushing up. GSPO paper: 4e-4; DAPO (grpo): 0.28."""
-    seq_weighting: str = "length"
-    """gspo/gspo_token: length (w_i = n_i, the authors' choice, complements DAP) or equal (w_i = 1)."""
-    aggregation: str = "token_mean"
-    """grpo only: token_mean (DAPO: sum over tokens / tokens in step) or seq_mean_token_mean (GRPO)."""
-    overlong_filtering: bool = True
-    """Truncated sequences get no loss (they still count in the normaliser B)."""
-    temperature: float = 1.0
-    """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in LOSS_KINDS:
-            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}.")
-        if not (0 <= self.eps_low < 1) or self.eps_high < 0:
-            raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, got {self.eps_low}, {self.eps_high}.")
-        if self.seq_weighting not in ("length", "equal"):
-            raise ValueError(f"loss.seq_weighting must be length or equal, got {self.seq_weighting!r}.")
-        if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
-            raise ValueError(f"loss.aggregation must be token_mean or seq_mean_token_mean, got {self.aggregation!r}.")
-        if self.temperature <= 0:
-            raise ValueError(f"loss.temperature must be > 0, got {self.temperature}.")
+from megatron_apriel.trainer.config import LossConfig
 
 
 class LossInputs(NamedTuple):

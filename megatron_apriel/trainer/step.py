@@ -10,8 +10,9 @@ import torch.distributed as dist
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
+from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.logprobs import vocab_parallel_logprobs
-from megatron_apriel.trainer.loss import LossConfig, LossInputs, finalize_metrics, policy_loss
+from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
 
 
 def forward_logits(model, mb: MicroBatch):

@@ -19,7 +19,7 @@ from megatron_apriel.metrics import MetricLogger
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.rollout.source import RolloutSource
+from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches

@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
-from megatron_apriel.verifiers.sandbox import LocalSandbox, RunResult, SandboxConfig
-from megatron_apriel.verifiers.sandbox_fusion import SandboxFusionConfig, SandboxFusionRunner
+from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response, failed,
+                                            strip_reasoning)
+from megatron_apriel.verifiers.config import CodeVerifierConfig
+from megatron_apriel.verifiers.sandbox import LocalSandbox, RunResult
+from megatron_apriel.verifiers.sandbox_fusion import SandboxFusionRunner
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _SENTINEL = "__APRIEL_RESULT__"
@@ -47,25 +47,10 @@ class CodeRunner(Protocol):
     def run(self, code: str, stdin: str = "") -> RunResult: ...
 
 
-@dataclass(frozen=True)
-class CodeVerifierConfig:
-    backend: Literal["local", "sandbox_fusion"] = "local"
-    """'local': subprocess sandbox on this machine; 'sandbox_fusion': a SandboxFusion server."""
-
-    sandbox: SandboxConfig | None = None
-    """Local sandbox limits; None = SandboxConfig() defaults."""
-
-    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
-    """Remote server settings, used when backend = 'sandbox_fusion'."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("local", "sandbox_fusion"):
-            raise ValueError(f"backend={self.backend!r}: use 'local' or 'sandbox_fusion'.")
-
-    def build_runner(self) -> CodeRunner:
-        if self.backend == "local":
-            return LocalSandbox(self.sandbox)
-        return SandboxFusionRunner(self.sandbox_fusion)
+def build_runner(config: CodeVerifierConfig) -> CodeRunner:
+    if config.backend == "local":
+        return LocalSandbox(config.sandbox)
+    return SandboxFusionRunner(config.sandbox_fusion)
 
 
 def extract_code(completion: str) -> str | None:
@@ -110,7 +95,7 @@ class CodeVerifier:
     @property
     def runner(self) -> CodeRunner:
         if self._runner is None:
-            self._runner = self.config.build_runner()
+            self._runner = build_runner(self.config)
         return self._runner
 
     def verify(self, problem: Problem, completion: str) -> VerifierResult:

@@ -9,29 +9,15 @@ sympy-based through math-verify (strict mode). Parsing and comparison are each b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
+from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response, failed,
+                                            strip_reasoning)
+from megatron_apriel.verifiers.config import MathVerifierConfig
 
 _BOXED = ("\\boxed{", "\\fbox{")
-
-
-@dataclass(frozen=True)
-class MathVerifierConfig:
-    timeout_s: int = 1
-    """Seconds allowed to parse, and then to compare, one answer (math-verify timers; whole seconds)."""
-
-    max_answer_chars: int = 1000
-    """A boxed answer longer than this is unparsable (guards the sympy parser)."""
-
-    def __post_init__(self) -> None:
-        if self.timeout_s < 1 or self.max_answer_chars < 1:
-            raise ValueError("timeout_s and max_answer_chars must be >= 1.")
 
 
 def last_boxed(text: str) -> str | None:

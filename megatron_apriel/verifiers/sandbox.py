@@ -30,7 +30,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Literal
+
+from megatron_apriel.verifiers.config import SandboxConfig
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
@@ -42,54 +43,6 @@ _MS_NODEV = 0x4
 _MS_BIND = 0x1000
 _UID_BASE = 0x40000000
 _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits of one sandboxed run."""
-
-    wall_timeout_s: float = 10.0
-    """Wall-clock limit per run (the recipe gives 10 s per test)."""
-
-    cpu_time_s: int = 10
-    """RLIMIT_CPU in seconds: CPU time of each process."""
-
-    memory_mb: int = 1024
-    """RLIMIT_AS in MiB: address space of each process."""
-
-    max_processes: int = 16
-    """RLIMIT_NPROC: processes and threads the sandbox uid may own at once."""
-
-    max_output_bytes: int = 4 << 20
-    """RLIMIT_FSIZE: the largest file (stdout and stderr are files) a sandbox process may write."""
-
-    max_open_files: int = 128
-    """RLIMIT_NOFILE."""
-
-    tmpfs_mb: int = 64
-    """Size of each private tmpfs (/tmp, /var/tmp, /dev/shm) inside the sandbox."""
-
-    isolation: Literal["namespaces", "rlimits"] = "namespaces"
-    """'namespaces' needs root (see module docstring); 'rlimits' is the weaker non-root fallback."""
-
-    python: str = "/usr/bin/python3"
-    """Interpreter for the candidate; it must be executable by an unprivileged uid (a virtualenv
-    under /root is not), so the system Python by default: candidates get the standard library."""
-
-    def __post_init__(self) -> None:
-        if self.wall_timeout_s <= 0 or self.cpu_time_s < 1 or self.memory_mb < 64:
-            raise ValueError("need wall_timeout_s > 0, cpu_time_s >= 1 and memory_mb >= 64.")
-        if self.max_processes < 1 or self.max_output_bytes < 1024 or self.max_open_files < 16:
-            raise ValueError("need max_processes >= 1, max_output_bytes >= 1024, max_open_files >= 16.")
-        if self.isolation not in ("namespaces", "rlimits"):
-            raise ValueError(f"isolation={self.isolation!r}: use 'namespaces' (root) or 'rlimits'.")
-        if not os.access(self.python, os.X_OK):
-            raise ValueError(f"python={self.python!r} is not an executable; point it at a Python "
-                             "interpreter that every user may run, e.g. /usr/bin/python3.")
-        if self.isolation == "namespaces" and os.geteuid() != 0:
-            raise ValueError("isolation='namespaces' needs the verifier to run as root; run it as root, "
-                             "use the SandboxFusion backend, or accept isolation='rlimits' (no network "
-                             "or filesystem isolation).")
 
 
 @dataclass(frozen=True)
@@ -184,6 +137,7 @@ class LocalSandbox:
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
+        self.config.check_host()
 
     def run(self, code: str, stdin: str = "") -> RunResult:
         return run_python(code, stdin, self.config)

@@ -8,32 +8,10 @@ or an HTTP failure raises: it is the verifier's failure, never the model's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import httpx
 
+from megatron_apriel.verifiers.config import SandboxFusionConfig
 from megatron_apriel.verifiers.sandbox import RunResult
-
-
-@dataclass(frozen=True)
-class SandboxFusionConfig:
-    url: str = "http://localhost:8080"
-    """Base URL of the SandboxFusion server."""
-
-    run_timeout_s: float = 10.0
-    """Per-run time limit the server enforces."""
-
-    memory_mb: int = 1024
-    """Per-run memory limit the server enforces."""
-
-    http_timeout_s: float = 60.0
-    """Client-side limit for one HTTP exchange (queueing included)."""
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url={self.url!r}: give an http(s) base URL, e.g. http://host:8080.")
-        if self.run_timeout_s <= 0 or self.http_timeout_s <= self.run_timeout_s:
-            raise ValueError("need run_timeout_s > 0 and http_timeout_s > run_timeout_s.")
 
 
 class SandboxFusionRunner:

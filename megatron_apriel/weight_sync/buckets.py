@@ -18,16 +18,9 @@ from typing import Optional
 import numpy as np
 import torch
 
+from megatron_apriel.weight_sync.config import ALIGN
 from megatron_apriel.weight_sync.protocol import BucketLayout, ChecksumAlgo, TensorSlot
 
-ALIGN = 64
-DEFAULT_BUCKET_BYTES = 1 << 30
-DEFAULT_DIRECT_BYTES = 8 << 20
-"""Tensors this large go on the wire from their own memory. Below it, a broadcast of its own costs
-more than copying the tensor into a packed bucket. Here (gloo over loopback, 2 cores) a broadcast
-costs ~0.4-0.7 ms beyond its bytes and a copy runs at ~6 GB/s, so the crossover is a few MB;
-``benchmarks/weight_sync.py --direct-mb 2 4 8 16`` measures it. On GPUs both are small next to
-the link (a 8 MiB device copy takes ~5 us, about one NCCL launch)."""
 _SUM_BLOCK = 1 << 17  # 64-bit words per block of sum64
 BLOCK_BYTES = _SUM_BLOCK * 8  # 1 MiB: sum64's block
 STEP = 1 << 19  # the fused packer copies then checksums 512 KiB at a time (src + dst fit in L2)

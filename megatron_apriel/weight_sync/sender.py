@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import httpx
@@ -47,6 +46,7 @@ from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
+from megatron_apriel.weight_sync.config import WeightSyncConfig
 from megatron_apriel.weight_sync.control import ServerError, WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.weight_sync.source import StageWeights, ToHF
@@ -60,39 +60,6 @@ _STOP = "stop"
 Member = tuple[str, str]
 """A fleet member: (base URL, instance id; "" when unknown)."""
 Members = Union[Sequence[str], Callable[[], list[Member]]]
-
-
-@dataclass
-class WeightSyncConfig:
-    bucket_bytes: int = B.DEFAULT_BUCKET_BYTES
-    """Packed bucket size; two packing buffers per stage sender."""
-    direct_bytes: int = B.DEFAULT_DIRECT_BYTES
-    """Tensors at least this large are sent from their own memory (or their TP gather's output),
-    without a packing copy; smaller ones are packed."""
-    backend: str = "auto"
-    """auto (nccl with CUDA, gloo without), nccl or gloo. Must match the servers' engine."""
-    advertise_host: Optional[str] = None
-    """Address the servers reach this rank at; null: this host's name."""
-    base_port: int = 29700
-    """Stage s listens on base_port + s (on its sender's host)."""
-    timeout_s: float = 600.0
-    checksum: str = "sum64"
-    """Per-bucket checksum: sum64 (cheap, any device) or crc32 (stronger, CPU only)."""
-    push_attempts: int = 3
-    """Tries per update: a server that dies mid-update fails it; the fleet is joined again without
-    it (or with its restarted self) and the update sent again."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ValueError(f"weight_sync.backend must be auto, nccl or gloo, got {self.backend!r}.")
-        if self.checksum not in ("sum64", "crc32"):
-            raise ValueError(f"weight_sync.checksum must be sum64 or crc32, got {self.checksum!r}.")
-        if self.push_attempts < 1:
-            raise ValueError(f"weight_sync.push_attempts must be >= 1, got {self.push_attempts}.")
-        if self.bucket_bytes < B.ALIGN:
-            raise ValueError(f"weight_sync.bucket_bytes must be >= {B.ALIGN}, got {self.bucket_bytes}.")
-        if self.direct_bytes < 1:
-            raise ValueError(f"weight_sync.direct_bytes must be >= 1, got {self.direct_bytes}.")
 
 
 class WeightSender:

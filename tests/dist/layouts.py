@@ -6,16 +6,17 @@ Launched by tests/unit/test_layouts.py as ``torchrun --nproc_per_node 2 layouts.
 import sys
 
 import torch
+import torch.distributed as dist
 
 from megatron_apriel.convert.mapping import canonical_shapes
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.model.config import OptimConfig
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict
-from megatron_apriel.model.wrap import OptimConfig, build_optimizer, wrap_model
+from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 from megatron_apriel.trainer.batch import TrainSample, packed_microbatches, padded_microbatches, split_for_data_parallel
-from megatron_apriel.trainer.loss import LossConfig
+from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step
-import torch.distributed as dist
 
 ARCH = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=24, qkv_bias=True, tie_embeddings=False)

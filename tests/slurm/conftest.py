@@ -43,7 +43,8 @@ def slurm_cluster():
 def tiny_base(tmp_path_factory):
     """The tiny run's warm-started base, built once and copied into each run directory (the job's
     prepare step finds it ready and skips the build)."""
-    from megatron_apriel.testing.tiny_task import TinyBaseConfig, build_warm_base
+    from megatron_apriel.tiny.base import build_warm_base
+    from megatron_apriel.tiny.config import TinyBaseConfig
 
     return build_warm_base(tmp_path_factory.mktemp("tiny") / "base", TinyBaseConfig())
 

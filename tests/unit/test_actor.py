@@ -2,20 +2,21 @@
 that follows the real protocol: read groups, publish progress, push a new version."""
 
 import asyncio
+
 import pytest
 
 from megatron_apriel.data.datasets import ProblemPools
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.actor import Actor, ActorConfig, build_group
-from megatron_apriel.rollout.client import Completion, FleetClient, SamplingConfig
+from megatron_apriel.rollout.actor import Actor, build_group
+from megatron_apriel.rollout.client import Completion, FleetClient
+from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.rollout.lag import group_lag
-from megatron_apriel.rollout.source import RolloutConfig
 from megatron_apriel.rollout.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
 from megatron_apriel.rollout.types import GroupTimings, VersionSpan
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
-from megatron_apriel.testing.tiny_task import addition_problems
+from megatron_apriel.tiny.base import addition_problems
 from megatron_apriel.verifiers import Outcome, VerifierResult, verify_group
 from megatron_apriel.verifiers.base import correct, failed
 

@@ -6,7 +6,8 @@ import time
 import httpx
 import pytest
 
-from megatron_apriel.rollout.client import FleetClient, FleetUnavailable, SamplingConfig
+from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
+from megatron_apriel.rollout.config import SamplingConfig
 
 
 def _choice(tokens, spans, finish="length"):

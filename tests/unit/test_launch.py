@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_apriel.testing.tiny_model import build_tiny_model
+from megatron_apriel.tiny.model import build_tiny_model
 from tests.unit.conftest import launcher_env
 
 MISTRAL_TEXT = {"model_type": "mistral", "vocab_size": 131072, "hidden_size": 5120, "intermediate_size": 14336,

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from megatron_apriel.trainer.loss import LossConfig, LossInputs, gspo_loss, policy_loss
+from megatron_apriel.trainer.config import LossConfig
+from megatron_apriel.trainer.loss import LossInputs, gspo_loss, policy_loss
 
 EPS_LOW, EPS_HIGH = 0.1, 0.15
 

@@ -3,7 +3,8 @@
 import pytest
 
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.model.provider import ModelConfig, padded_vocab_size, resolve_impl
+from megatron_apriel.model.config import ModelConfig
+from megatron_apriel.model.provider import padded_vocab_size, resolve_impl
 
 MISTRAL_TEXT = {"model_type": "mistral", "vocab_size": 131072, "hidden_size": 5120, "intermediate_size": 14336,
                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,

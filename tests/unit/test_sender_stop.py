@@ -8,8 +8,9 @@ from megatron_apriel.convert.mapping import detect_layout
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.parallel.rendezvous import free_port, single_process_world
 from megatron_apriel.stop import StopRequested
-from megatron_apriel.testing.tiny_model import build_tiny_model
-from megatron_apriel.weight_sync.sender import WeightSender, WeightSyncConfig
+from megatron_apriel.tiny.model import build_tiny_model
+from megatron_apriel.weight_sync.config import WeightSyncConfig
+from megatron_apriel.weight_sync.sender import WeightSender
 from megatron_apriel.weight_sync.source import table_to_hf
 
 

@@ -16,9 +16,9 @@ from megatron_apriel.config import register_configs, to_run_config
 from megatron_apriel.entrypoints import train as train_entry
 from megatron_apriel.parallel.rendezvous import single_process_world
 from megatron_apriel.rollout.stream import StreamWriter
-from megatron_apriel.testing.tiny_model import build_tiny_model
-from megatron_apriel.trainer.checkpoint import latest_checkpoint
 from megatron_apriel.stop import STOP_SIGNALS
+from megatron_apriel.tiny.model import build_tiny_model
+from megatron_apriel.trainer.checkpoint import latest_checkpoint
 from tests.unit.test_stream import group, snap
 
 register_configs()

@@ -3,7 +3,8 @@
 import pytest
 
 from megatron_apriel.parallel.rendezvous import single_process_world
-from megatron_apriel.rollout.source import RolloutConfig, StreamSource
+from megatron_apriel.rollout.config import RolloutConfig
+from megatron_apriel.trainer.source import StreamSource
 from megatron_apriel.rollout.stream import StreamWriter, read_progress
 from tests.unit.test_stream import group, snap
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from megatron_apriel.verifiers import Outcome, run_verifier
-from megatron_apriel.verifiers.code import CodeVerifier, CodeVerifierConfig
-from megatron_apriel.verifiers.sandbox import _UID_BASE, RunResult, SandboxConfig, run_python
-from megatron_apriel.verifiers.sandbox_fusion import SandboxFusionConfig
+from megatron_apriel.verifiers.code import CodeVerifier
+from megatron_apriel.verifiers.config import CodeVerifierConfig, SandboxConfig, SandboxFusionConfig
+from megatron_apriel.verifiers.sandbox import _UID_BASE, RunResult, run_python
 from tests.unit.conftest import apriel, make_problem
 
 LIMITS = dict(wall_timeout_s=2.0, cpu_time_s=2, memory_mb=512)
@@ -45,7 +45,7 @@ def sandbox_processes() -> list[int]:
         try:
             with open(f"/proc/{entry}/status") as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # it exited between the listing and the read
             continue
         if int(fields["Uid"].split()[0]) >= _UID_BASE and not fields["State"].strip().startswith("Z"):
             pids.append(int(entry))

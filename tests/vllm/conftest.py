@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from megatron_apriel.testing.tiny_model import build_tiny_model
+    from megatron_apriel.tiny.model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_llama")))
 

@@ -45,7 +45,8 @@ VLLM_ARGS = ["--max-model-len", "512", "--max-num-seqs", "32"]
 def warm(tmp_path_factory):
     """The warm-started tiny model, a run directory holding it as a Megatron checkpoint, the files."""
     from megatron_apriel.convert.checkpoint import hf_to_mcore
-    from megatron_apriel.testing.tiny_task import TinyBaseConfig, build_warm_base
+    from megatron_apriel.tiny.base import build_warm_base
+    from megatron_apriel.tiny.config import TinyBaseConfig
 
     root = tmp_path_factory.mktemp("eval_vllm")
     run = root / "run"  # as apriel-train leaves it: config.yaml, base/, checkpoints/step_N/dist

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from megatron_apriel.parallel.rendezvous import free_port
-from megatron_apriel.rollout.client import FleetClient, SamplingConfig
+from megatron_apriel.rollout.client import FleetClient
+from megatron_apriel.rollout.config import SamplingConfig
 from megatron_apriel.weight_sync.protocol import parse_version_label
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ A random 2-layer model cannot produce a single well-formed answer, so RL would h
 ``build_warm_base`` therefore writes, into one directory:
 - ``addition.jsonl``: single-digit additions as math-domain problems ("What is 3 + 5?" with the
   usual ``\\boxed{}`` instruction), scored by the real math verifier;
-- a tiny Llama checkpoint and tokenizer (``testing/tiny_model.py``; the tokenizer also sees the
+- a tiny Llama checkpoint and tokenizer (``tiny/model.py``; the tokenizer also sees the
   task's text, so an answer is ~10 tokens instead of ~40), briefly trained with teacher forcing on
   answers in Apriel's output format ``[BEGIN FINAL RESPONSE]\\boxed{8}[END FINAL RESPONSE]``.
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_apriel.rollout.types import Problem
+from megatron_apriel.tiny.config import TinyBaseConfig
 
 # The verifiers' markers and the converters' math instruction, imported lazily: this module's
 # config is part of RunConfig, which must stay light to import (the verifiers pull in sympy,
@@ -29,26 +29,6 @@ from megatron_apriel.rollout.types import Problem
 
 PROBLEMS_FILE = "addition.jsonl"
 _READY = "ready.json"
-
-
-@dataclass
-class TinyBaseConfig:
-    """Build the tiny run's base model into ``run_dir/base`` on first use (``model.hf_path`` then
-    points there). Off by default; the ``tiny_cpu`` preset turns it on."""
-
-    enabled: bool = False
-    max_operand: int = 4
-    """Problems are a + b for 0 <= a, b <= max_operand (25 problems)."""
-    sft_steps: int = 60
-    """Supervised steps of the warm start: the format is learnt, about half of the sums are right
-    when sampled at temperature 1 (measured on this seed), so RL has room to raise the reward."""
-    sft_lr: float = 3e-3
-    sft_batch: int = 32
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_operand < 1 or self.sft_steps < 0 or self.sft_batch < 1 or self.sft_lr <= 0:
-            raise ValueError("tiny_base.max_operand and sft_batch must be >= 1, sft_steps >= 0, sft_lr > 0.")
 
 
 def answer_text(value: int) -> str:
@@ -103,7 +83,7 @@ def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
-    from megatron_apriel.testing.tiny_model import TinySpec, build_tiny_model
+    from megatron_apriel.tiny.model import TinySpec, build_tiny_model
 
     out = Path(out_dir)
     if (out / _READY).is_file():

@@ -25,54 +25,10 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from megatron_apriel.parallel.collectives import broadcast_object
+from megatron_apriel.rollout.config import RolloutConfig
 from megatron_apriel.rollout.lag import group_lag
 from megatron_apriel.rollout.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
 from megatron_apriel.rollout.types import RolloutGroup, TrainSample, balance_by_tokens
-
-SOURCES = ("local", "fleet", "replay")
-
-
-@dataclass
-class LocalRolloutConfig:
-    """The self-sampling source (``rollout.source=local``): random prompts, a toy reward."""
-
-    prompt_len: int = 6
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.prompt_len < 1:
-            raise ValueError("rollout.local.prompt_len must be >= 1.")
-
-
-@dataclass
-class RolloutConfig:
-    source: str = "fleet"
-    """fleet: the actor's groups from vLLM, through the durable stream (the recipe); local: the
-    trainer samples from its own model with a toy reward (fast unit tests, no vLLM); replay: train
-    again on a recorded stream (``replay_from``), read-only, with no fleet (ablations, audits,
-    the exact-resume tests)."""
-    replay_from: Optional[str] = None
-    """source=replay: the rollouts/ directory of an earlier run."""
-    group_size: int = 8
-    """G: completions per prompt (advantages compare a group's rollouts)."""
-    groups_per_step: int = 128
-    """Usable groups (prompts) per optimizer step: 128 x 8 = 1024 sequences in the recipe."""
-    max_lag: Optional[int] = None
-    """Largest policy lag (trainer step minus the oldest weight version of a group's tokens) a
-    trained group may have; 0 is synchronous on-policy RL. Null: unbounded (the recipe)."""
-    local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
-
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {SOURCES}.")
-        if self.group_size < 2:
-            raise ValueError("rollout.group_size must be >= 2 (advantages compare a group's rollouts).")
-        if self.groups_per_step < 1:
-            raise ValueError("rollout.groups_per_step must be >= 1.")
-        if self.max_lag is not None and self.max_lag < 0:
-            raise ValueError(f"rollout.max_lag={self.max_lag}: use 0 (synchronous), a positive bound or null.")
-        if (self.source == "replay") != (self.replay_from is not None):
-            raise ValueError("rollout.source=replay and rollout.replay_from=RUN_DIR/rollouts go together.")
 
 
 class RolloutSource(Protocol):

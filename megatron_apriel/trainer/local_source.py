@@ -18,7 +18,7 @@ import torch
 from megatron_apriel.parallel.collectives import all_gather_cat, all_reduce_sum
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.rewards import RewardConfig, group_advantages, is_zero_advantage_group
-from megatron_apriel.rollout.source import RolloutConfig
+from megatron_apriel.rollout.config import RolloutConfig
 from megatron_apriel.rollout.types import TrainSample
 
 

@@ -4,7 +4,7 @@ No model hub is involved: the tokenizer is a ByteLevel BPE trained on Python's o
 library sources, the weights are random (seeded). The directory loads in Hugging Face
 transformers, in vLLM and, through ``ModelConfig(hf_path=...)``, in our Megatron trainer.
 
-    python -m megatron_apriel.testing.tiny_model OUT_DIR [--vocab 1024] [--hidden 64] [--layers 2]
+    python -m megatron_apriel.tiny.model OUT_DIR [--vocab 1024] [--hidden 64] [--layers 2]
 """
 
 from __future__ import annotations

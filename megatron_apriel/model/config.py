@@ -1,0 +1,89 @@
+"""Settings of the model and its optimizer (``model.*``, ``optim.*``). A leaf: standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron_apriel.model.arch import ModelArch
+
+FP8_FORMATS = ("hybrid", "e4m3")
+
+
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build and with which kernels."""
+
+    hf_path: Optional[str] = None
+    """Hugging Face model directory whose config.json defines the architecture. Null: use ``arch``."""
+    arch: ModelArch = field(default_factory=ModelArch)
+    """Inline architecture, used when hf_path is null (the tiny CPU preset)."""
+    transformer_impl: str = "auto"
+    """auto (transformer_engine with CUDA and TE installed, local otherwise), local or transformer_engine."""
+    precision: str = "auto"
+    """auto (bf16 on GPU, fp32 on CPU), fp32 or bf16."""
+    fp8: Optional[str] = None
+    """null, hybrid or e4m3: FP8 GEMMs through Transformer Engine (GPU only)."""
+    fp8_recipe: str = "delayed"
+    """delayed, tensorwise, blockwise or mxfp8 (TE scaling recipe; mxfp8 needs Blackwell)."""
+    make_vocab_size_divisible_by: int = 128
+    """The embedding is padded to a multiple of this times tp; padded logits are masked in the loss."""
+    fp32_lm_head: bool = False
+    """Compute the output projection (logits) in fp32 from the bf16 weights, as the rollout engine
+    can; keeps train/inference log-prob drift down in bf16 runs. A no-op in fp32."""
+    recompute: Optional[str] = None
+    """Activation recomputation: null, selective or full (full recomputes every layer)."""
+    init_std: float = 0.02
+    """Std of the random init (weights are normally loaded from a checkpoint)."""
+    dropout: float = 0.0
+    """Hidden and attention dropout probability during training steps (0: the recipe trains without).
+    Non-zero makes each step draw from the RNG, whose state checkpoints save and restore."""
+
+    def __post_init__(self) -> None:
+        if self.transformer_impl not in ("auto", "local", "transformer_engine"):
+            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, got {self.transformer_impl!r}.")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"model.precision must be auto, fp32 or bf16, got {self.precision!r}.")
+        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
+            raise ValueError(f"model.fp8 must be null or one of {FP8_FORMATS}, got {self.fp8!r}.")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
+        if self.recompute not in (None, "selective", "full"):
+            raise ValueError(f"model.recompute must be null, selective or full, got {self.recompute!r}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}.")
+
+    def resolve_arch(self) -> ModelArch:
+        return ModelArch.from_hf_dir(self.hf_path) if self.hf_path else self.arch
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Peak learning rate (Apriel configs: 5e-7; GSPO script and PipelineRL default: 1e-6)."""
+    min_lr: float = 0.0
+    warmup_steps: int = 50
+    """Linear warm-up from 0 to lr over this many optimizer steps."""
+    decay_style: str = "cosine"
+    """cosine, linear or constant after warm-up."""
+    decay_steps: Optional[int] = None
+    """Steps over which the LR decays to min_lr; null = the run's trainer.steps."""
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 0.1
+    """Global gradient-norm clip (Apriel: 0.1; PipelineRL default 0.3)."""
+    distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks (Megatron distributed optimizer)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"optim needs 0 <= min_lr <= lr and lr > 0, got lr={self.lr} min_lr={self.min_lr}.")
+        if self.decay_style not in ("cosine", "linear", "constant"):
+            raise ValueError(f"optim.decay_style must be cosine, linear or constant, got {self.decay_style!r}.")
+        if self.warmup_steps < 0 or self.clip_grad < 0:
+            raise ValueError("optim.warmup_steps and optim.clip_grad must be >= 0.")

@@ -1,0 +1,78 @@
+"""Settings of the trainer process: steps and packing (``trainer.*``), the policy loss
+(``loss.*``) and checkpoints (``checkpoint.*``). A leaf: standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 250
+    """Optimizer steps in the run (the paper: 250)."""
+    seq_len: int = 20480
+    """Longest prompt + completion in tokens; also the packed row length (16K output + prompt)."""
+    packing: bool = True
+    """Pack several sequences per row (THD). False: right-padded rows of micro_batch_size."""
+    micro_batch_size: int = 1
+    """Rows per micro-batch when packing is off."""
+    log_every: int = 1
+    inject_nan_at_step: Optional[int] = None
+    """Fault injection for tests: poison one behaviour log-prob of this step's batch, so its loss
+    is NaN (the run must stop, naming the step and groups, and keep its last good checkpoint)."""
+
+    def __post_init__(self) -> None:
+        if min(self.steps, self.seq_len, self.micro_batch_size, self.log_every) < 1:
+            raise ValueError("trainer.steps, seq_len, micro_batch_size and log_every must be >= 1.")
+
+
+LOSS_KINDS = ("gspo", "gspo_token", "grpo")
+
+
+@dataclass
+class LossConfig:
+    kind: str = "gspo"
+    """gspo (sequence ratio), gspo_token (GSPO-token: same value and gradient, per-token form) or
+    grpo (token ratio; with aggregation=token_mean this is DAPO's token-level loss)."""
+    eps_low: float = 3e-3
+    """Lower clip: ratios below 1 - eps_low stop pushing down. GSPO paper: 3e-4; authors' runs: 3e-3."""
+    eps_high: float = 4e-3
+    """Upper clip: ratios above 1 + eps_high stop pushing up. GSPO paper: 4e-4; DAPO (grpo): 0.28."""
+    seq_weighting: str = "length"
+    """gspo/gspo_token: length (w_i = n_i, the authors' choice, complements DAP) or equal (w_i = 1)."""
+    aggregation: str = "token_mean"
+    """grpo only: token_mean (DAPO: sum over tokens / tokens in step) or seq_mean_token_mean (GRPO)."""
+    overlong_filtering: bool = True
+    """Truncated sequences get no loss (they still count in the normaliser B)."""
+    temperature: float = 1.0
+    """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}.")
+        if not (0 <= self.eps_low < 1) or self.eps_high < 0:
+            raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, got {self.eps_low}, {self.eps_high}.")
+        if self.seq_weighting not in ("length", "equal"):
+            raise ValueError(f"loss.seq_weighting must be length or equal, got {self.seq_weighting!r}.")
+        if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
+            raise ValueError(f"loss.aggregation must be token_mean or seq_mean_token_mean, got {self.aggregation!r}.")
+        if self.temperature <= 0:
+            raise ValueError(f"loss.temperature must be > 0, got {self.temperature}.")
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 50
+    """Save every this many optimizer steps (0: only at the end and on SIGTERM/SIGUSR1)."""
+    save_at_end: bool = True
+    resume: bool = True
+    """Continue from the newest complete checkpoint in run_dir/checkpoints when there is one."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted after a successful save (0: keep all)."""
+    load: Optional[str] = None
+    """Initial model weights for a fresh run: a Megatron dist checkpoint (apriel-convert hf-to-mcore)."""
+
+    def __post_init__(self) -> None:
+        if self.save_every < 0 or self.keep_last < 0:
+            raise ValueError("checkpoint.save_every and checkpoint.keep_last must be >= 0.")

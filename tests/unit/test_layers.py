@@ -1,0 +1,139 @@
+"""The package's layer order (the table in ``megatron_apriel/__init__.py``), checked against the
+imports the code really makes (every ``import`` statement, also those inside functions)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import megatron_apriel
+
+PACKAGE = Path(megatron_apriel.__file__).parent
+STDLIB = set(sys.stdlib_module_names)
+LEAF_THIRD_PARTY = {"pydantic", "numpy", "hydra", "omegaconf"}
+
+# Entry points that still import another entry point: their shared code (preflight, vLLM argv,
+# export, pool loading, logging set-up) moves into the launcher package in the next stop of the
+# restructuring. The test fails when one of these disappears, so the list only shrinks.
+KNOWN_ENTRY_POINT_IMPORTS = {
+    ("entrypoints.actor", "entrypoints.train"),
+    ("entrypoints.job_step", "entrypoints.launch"),
+    ("entrypoints.launch", "entrypoints.actor"),
+    ("entrypoints.train", "entrypoints.launch"),
+}
+
+
+def layer_table() -> list[tuple[int, list[list[str]]]]:
+    """(layer, sides) rows from the package docstring; each side is a list of dotted names."""
+    rows = []
+    for line in megatron_apriel.__doc__.splitlines():
+        head, sep, names = line.strip().partition(":")
+        number = head.split(" ", 1)[0]
+        if sep and number.isdigit():
+            rows.append((int(number), [side.split() for side in names.split("|")]))
+    return rows
+
+
+LAYERS = layer_table()
+
+
+def module_names() -> list[str]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return [m for m in out if m]
+
+
+def place(module: str) -> tuple[int, int]:
+    """(layer, side) of a module: a ``*.`` pattern first, else the longest matching name of the table."""
+    best = None
+    for layer, sides in LAYERS:
+        for side, names in enumerate(sides):
+            for name in names:
+                if name.startswith("*."):
+                    hit, weight = module.endswith(name[1:]) or module == name[2:], 10_000
+                else:
+                    hit, weight = module == name or module.startswith(name + "."), len(name)
+                if hit and (best is None or weight > best[0]):
+                    best = (weight, layer, side)
+    if best is None:
+        raise AssertionError(f"megatron_apriel.{module} is in no layer: add it to the table in megatron_apriel/__init__.py")
+    return best[1], best[2]
+
+
+def imports(module: str, top_level_only: bool = False) -> set[str]:
+    """Modules imported by ``module``, as dotted names (ours relative to the package)."""
+    path = PACKAGE.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m.removeprefix("megatron_apriel.") if m.startswith("megatron_apriel.") else m for m in out
+            if m != "megatron_apriel"}
+
+
+def ours(name: str) -> bool:
+    return (PACKAGE / name.split(".")[0]).exists() or (PACKAGE / (name.split(".")[0] + ".py")).exists()
+
+
+MODULES = module_names()
+LIBRARY = [m for m in MODULES if not m.startswith("testing")]
+
+
+def test_the_table_is_read_and_places_every_library_module():
+    assert [layer for layer, _ in LAYERS] == list(range(len(LAYERS))) and len(LAYERS) >= 8
+    for module in LIBRARY:
+        place(module)
+
+
+def test_no_module_imports_a_higher_layer_or_another_side():
+    wrong = []
+    for module in LIBRARY:
+        layer, side = place(module)
+        for target in filter(ours, imports(module)):
+            if target.startswith("testing"):
+                wrong.append(f"{module} imports {target}: testing/ is for tests and benchmarks only")
+                continue
+            t_layer, t_side = place(target)
+            if t_layer > layer:
+                wrong.append(f"{module} (layer {layer}) imports {target} (layer {t_layer})")
+            elif t_layer == layer and t_side != side:
+                wrong.append(f"{module} imports {target}: another side of layer {layer}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_entry_point_imports_another_beyond_the_known_ones():
+    found = {(m, t) for m in LIBRARY if m.startswith("entrypoints.")
+             for t in imports(m) if t.startswith("entrypoints.")}
+    assert found - KNOWN_ENTRY_POINT_IMPORTS == set(), "a new import between entry points"
+    assert KNOWN_ENTRY_POINT_IMPORTS - found == set(), "gone: remove it from KNOWN_ENTRY_POINT_IMPORTS"
+
+
+@pytest.mark.parametrize("module", [m for m in LIBRARY if place(m)[0] == 0])
+def test_a_leaf_imports_nothing_heavy(module):
+    third_party = {t.split(".")[0] for t in imports(module, top_level_only=True)
+                   if not ours(t) and t.split(".")[0] not in STDLIB and t != "__future__"}
+    assert third_party <= LEAF_THIRD_PARTY, f"{module} imports {third_party - LEAF_THIRD_PARTY} at module level"
+
+
+def test_importing_the_config_loads_no_torch_numpy_or_httpx():
+    code = ("import sys, megatron_apriel.config\n"
+            "print(' '.join(m for m in ('torch', 'numpy', 'httpx', 'megatron') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """The layer check can fail: a leaf that imported the trainer would be reported."""
+    monkeypatch.setattr(sys.modules[__name__], "imports",
+                        lambda module, top_level_only=False: {"trainer.trainer"} if module == "rewards" else set())
+    with pytest.raises(AssertionError, match=r"rewards \(layer 0\) imports trainer.trainer \(layer 7\)"):
+        test_no_module_imports_a_higher_layer_or_another_side()
