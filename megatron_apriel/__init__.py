@@ -2,11 +2,13 @@
 
 Layers, lowest first. A module imports only from its own layer or from lower ones; within the
 layer of the two sides, a side (between ``|``) does not import another. Names are dotted paths
-under ``megatron_apriel``; a package name covers its modules, ``*.config`` every config leaf,
-and the longest name that matches a module places it. ``tests/unit/test_layers.py`` reads this
-table and the package's imports.
+under ``megatron_apriel``; a package name covers its modules, ``*.config`` every config leaf, and
+the longest name that matches a module places it (a layer may take several lines).
+``tests/unit/test_layers.py`` reads this table and the package's imports.
 
-    0 leaves:        config conf *.config rewards sampling stop lifetime metrics rollout.types rollout.stream rollout.lag model.arch parallel.dims weight_sync.protocol
+    0 settings:      config conf *.config rewards sampling
+    0 records:       rollout.types rollout.stream rollout.lag model.arch parallel.dims weight_sync.protocol
+    0 processes:     stop lifetime process logs metrics
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan
@@ -14,11 +16,12 @@ table and the package's imports.
     5 data:          data
     6 fleet access:  rollout.client rollout.fleet
     7 sides:         trainer | rollout eval | tiny
-    8 launchers:     slurm
+    8 launchers:     launch slurm
     9 entry points:  entrypoints
 
-Leaves import no torch and no httpx (at module level: the standard library, pydantic, the records'
-numpy, Hydra for ``config``); ``import megatron_apriel.config`` loads no torch, numpy or httpx. ``testing/`` holds helpers for tests and benchmarks; no library
+Leaves import no torch and no httpx (at module level: the standard library, pydantic, the
+records' numpy, Hydra for ``config``, psutil for ``process``); ``import megatron_apriel.config``
+loads no torch, numpy or httpx. ``testing/`` holds helpers for tests and benchmarks; no library
 module imports it. No entry point imports another.
 """
 

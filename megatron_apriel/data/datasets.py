@@ -129,3 +129,22 @@ class ProblemPools:
                              "Add a data file for it or drop it from the domain mix.")
         pool = self._pools[domain]
         return pool[rng.randrange(len(pool))]
+
+
+def training_pools(files: Sequence[str], mix: dict[str, float]) -> ProblemPools:
+    """The problems of ``actor.data`` (``files``), checked against the sampler's ``mix``: clear
+    errors before anything starts (the launchers' preflight and the actor read them alike)."""
+    from megatron_apriel.rollout.types import EVAL_DOMAINS
+
+    if not files:
+        raise ValueError("actor.data is empty: list the problem files (jsonl/parquet) the actor draws from.")
+    pools = ProblemPools.from_files(list(files))
+    eval_only = [d for d in pools.domains if d in EVAL_DOMAINS]
+    if eval_only:
+        raise ValueError(f"actor.data ({list(files)}) holds problems of {eval_only}, which only evaluation scores "
+                         "(apriel-eval); remove those files from actor.data.")
+    empty = [d for d in mix if pools.size(d) == 0]
+    if empty:
+        raise ValueError(f"domains {empty} have weight > 0 in actor.sampler.weights but no problems in actor.data "
+                         f"({list(files)}); add their files or drop them from the mix.")
+    return pools

@@ -21,30 +21,10 @@ import hydra
 from omegaconf import DictConfig
 
 from megatron_apriel.config import RunConfig, register_configs, to_run_config
-from megatron_apriel.entrypoints.train import setup_logging
+from megatron_apriel.logs import setup_logging
 
 log = logging.getLogger("megatron_apriel.actor")
 register_configs()
-
-
-def load_pools(run: RunConfig):
-    """The problems of ``actor.data``, checked against the sampler's mix (clear errors, nothing started)."""
-    from megatron_apriel.data.datasets import ProblemPools
-
-    if not run.actor.data:
-        raise ValueError("actor.data is empty: list the problem files (jsonl/parquet) the actor draws from.")
-    from megatron_apriel.rollout.types import EVAL_DOMAINS
-
-    pools = ProblemPools.from_files(run.actor.data)
-    eval_only = [d for d in pools.domains if d in EVAL_DOMAINS]
-    if eval_only:
-        raise ValueError(f"actor.data ({run.actor.data}) holds problems of {eval_only}, which only evaluation scores "
-                         "(apriel-eval); remove those files from actor.data.")
-    empty = [d for d in run.actor.sampler.mix if pools.size(d) == 0]
-    if empty:
-        raise ValueError(f"domains {empty} have weight > 0 in actor.sampler.weights but no problems in actor.data "
-                         f"({run.actor.data}); add their files or drop them from the mix.")
-    return pools
 
 
 def verifier_pool(run: RunConfig):
@@ -62,6 +42,7 @@ def sampling_config(run: RunConfig):
 
 
 async def _run_actor(run: RunConfig) -> None:
+    from megatron_apriel.data.datasets import training_pools
     from megatron_apriel.data.order import DomainOrder
     from megatron_apriel.metrics import TensorBoardLogger
     from megatron_apriel.rollout.actor import Actor, load_tokenizer
@@ -70,7 +51,7 @@ async def _run_actor(run: RunConfig) -> None:
     from megatron_apriel.rollout.stream import StreamWriter
     from megatron_apriel.verifiers import verify_group
 
-    pools = load_pools(run)
+    pools = training_pools(run.actor.data, run.actor.sampler.mix)
     urls = fleet_urls(run.fleet, run.run_dir)
     client = FleetClient(urls, max_attempts=run.fleet.request_attempts, cooldown_s=run.fleet.cooldown_s,
                          timeout_s=run.fleet.request_timeout_s, stall_timeout_s=run.fleet.stall_timeout_s)

@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def prepare(run, args) -> None:
-    from megatron_apriel.entrypoints.launch import preflight
+    from megatron_apriel.launch.preflight import preflight
     from megatron_apriel.rollout.fleet import FLEET_DIR
     from megatron_apriel.slurm.layout import check_allocation
 
@@ -79,7 +79,7 @@ def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible:
 
 
 def serve(run) -> int:
-    from megatron_apriel.entrypoints.launch import vllm_args
+    from megatron_apriel.launch.components import server_flags
     from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
 
     env = os.environ
@@ -90,7 +90,7 @@ def serve(run) -> int:
     child_env = dict(env)
     if gpus:
         child_env["CUDA_VISIBLE_DEVICES"] = gpu_slice(local, per_node, gpus, env.get("CUDA_VISIBLE_DEVICES"))
-    cmd = serve_command(run.model.hf_path, port, "0.0.0.0", vllm_args(run),
+    cmd = serve_command(run.model.hf_path, port, "0.0.0.0", server_flags(run),
                         register_dir=Path(run.run_dir) / FLEET_DIR) + ["--advertise-host", addr]
     print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
           + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
@@ -100,7 +100,7 @@ def serve(run) -> int:
 
 
 def export(run) -> None:
-    from megatron_apriel.entrypoints.launch import export_hf
+    from megatron_apriel.launch.export import export_hf
 
     if not run.launch.export_hf:
         print("export: launch.export_hf=false, nothing to do")

@@ -70,12 +70,6 @@ def load_run(preset: str, model_dir: Path, overrides: list[str]):
     return to_run_config(cfg)
 
 
-def _memory_utilization(vllm_args: list[str]) -> float:
-    if "--gpu-memory-utilization" in vllm_args:
-        return float(vllm_args[vllm_args.index("--gpu-memory-utilization") + 1])
-    return 0.9
-
-
 def make_plan(args) -> dict:
     for name in ("nodes", "gpus_per_node"):
         if getattr(args, name) < 1:
@@ -103,7 +97,7 @@ def make_plan(args) -> dict:
     layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)
     best = recommend(layouts)
     fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
-                       gpu_memory_gib=args.gpu_memory_gb, memory_utilization=_memory_utilization(run.fleet.vllm_args),
+                       gpu_memory_gib=args.gpu_memory_gb, memory_utilization=run.fleet.server_args.gpu_memory_utilization,
                        seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
     pp = best[0].pp if best else 1
     update = stage_update_bytes(arch, pp)

@@ -35,6 +35,8 @@ import socket
 import sys
 import time
 
+from megatron_apriel.rollout.config import ServerArgs
+
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
 
@@ -45,17 +47,13 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _flag_given(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
 def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool | None = None) -> tuple[list[str], dict]:
     """The command line and environment that start one server (pure: used by tests too)."""
     on_gpu = _has_cuda() if on_gpu is None else on_gpu
     backend = backend or ("apriel_nccl" if on_gpu else "gloo")
     if backend not in ("gloo", "apriel_nccl"):
         raise ValueError(f"--weight-sync-backend must be gloo or apriel_nccl, got {backend!r}.")
-    args = list(vllm_args)
+    args = ServerArgs(tuple(vllm_args))
     defaults = {
         "--worker-extension-cls": EXTENSION,
         "--weight-transfer-config": json.dumps({"backend": backend}),
@@ -64,34 +62,24 @@ def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool
     if not on_gpu:
         defaults.update({"--dtype": "float32"})
     for flag, value in defaults.items():
-        if not _flag_given(args, flag):
-            args += [flag, value]
+        args = args.with_default(flag, value)
     for flag in ["--enable-scale-out"] + ([] if on_gpu else ["--enforce-eager"]):
-        if not _flag_given(args, flag):
-            args.append(flag)
+        args = args.with_default(flag)
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if not on_gpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return [sys.executable, "-m", LAUNCHER, *args], env
-
-
-def _flag_value(args: list[str], flag: str, default: str) -> str:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return default
+    return [sys.executable, "-m", LAUNCHER, *args.argv], env
 
 
 def advertised_url(vllm_args: list[str], advertise_host: str | None) -> str:
-    host = _flag_value(vllm_args, "--host", "0.0.0.0")
+    args = ServerArgs(tuple(vllm_args))
+    host = args.host
     if advertise_host:
         host = advertise_host
     elif host in ("0.0.0.0", "", "::"):
         host = socket.gethostname()
-    return f"http://{host}:{_flag_value(vllm_args, '--port', '8000')}"
+    return f"http://{host}:{args.port}"
 
 
 def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s: float = 1.0) -> None:

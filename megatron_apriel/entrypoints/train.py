@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import NoReturn, Optional
 
@@ -27,22 +26,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.logs import setup_logging
 from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
 log = logging.getLogger("megatron_apriel")
 register_configs()
-
-
-def setup_logging(component: str = "rank") -> None:
-    rank = int(os.environ.get("RANK", "0"))
-    label = f"rank{rank}" if component == "rank" else component
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[%(asctime)s {label}] %(message)s", datefmt="%H:%M:%S", force=True)
-    logging.getLogger("megatron").setLevel(logging.WARNING)  # Megatron logs every config at INFO
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    # Expected on CPU: Megatron announces each torch fallback for the absent Apex/TE kernels.
-    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*not installed.*")
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
 def _local_source(run: RunConfig, ctx, parts):
@@ -172,9 +160,9 @@ def _main(cfg: DictConfig) -> None:
     if rank_env is not None:
         run_trainer(run, cfg)
         return
-    from megatron_apriel.entrypoints.launch import launch
+    from megatron_apriel.launch.local import launch
 
-    raise SystemExit(launch(run, cfg))
+    raise SystemExit(launch(run, sys.argv[1:]))
 
 
 def main() -> None:

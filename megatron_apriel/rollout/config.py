@@ -67,6 +67,54 @@ class ActorConfig:
             raise ValueError("actor.flush_interval_s, poll_s and metrics_every_s must be > 0.")
 
 
+@dataclass(frozen=True)
+class ServerArgs:
+    """``vllm serve`` flags, parsed in one place: what the launchers, the planner and ``apriel-serve``
+    read from ``fleet.vllm_args`` (``--flag value`` and ``--flag=value`` alike)."""
+
+    argv: tuple[str, ...] = ()
+
+    def value(self, *flags: str) -> Optional[str]:
+        """The value of the first of ``flags`` given (a flag's spellings, e.g. --tensor-parallel-size, -tp)."""
+        for i, a in enumerate(self.argv):
+            for flag in flags:
+                if a == flag and i + 1 < len(self.argv):
+                    return self.argv[i + 1]
+                if a.startswith(flag + "="):
+                    return a.split("=", 1)[1]
+        return None
+
+    def given(self, flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in self.argv)
+
+    def with_default(self, flag: str, value: Optional[str] = None) -> ServerArgs:
+        """These flags plus ``flag`` (with ``value``; a switch without) unless it is given already."""
+        if self.given(flag):
+            return self
+        return ServerArgs(self.argv + ((flag,) if value is None else (flag, value)))
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        v = self.value("--max-model-len")
+        return None if v is None else int(v)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.value("--tensor-parallel-size", "-tp") or 1)
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return float(self.value("--gpu-memory-utilization") or 0.9)  # vLLM's default
+
+    @property
+    def host(self) -> str:
+        return self.value("--host") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.value("--port") or 8000)
+
+
 @dataclass
 class FleetConfig:
     """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
@@ -81,7 +129,8 @@ class FleetConfig:
     port: int = 0
     """First port of the local servers (server i uses port + i); 0: free ports."""
     vllm_args: list[str] = field(default_factory=list)
-    """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]."""
+    """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]
+    (read through ``ServerArgs``)."""
     startup_timeout_s: float = 900.0
     """How long a server may take to answer /health (vLLM loads and compiles the model first)."""
     max_restarts: int = 3
@@ -106,6 +155,10 @@ class FleetConfig:
             raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
         if self.max_restarts < 0:
             raise ValueError("fleet.max_restarts must be >= 0.")
+
+    @property
+    def server_args(self) -> ServerArgs:
+        return ServerArgs(tuple(self.vllm_args))
 
 
 SOURCES = ("local", "fleet", "replay")

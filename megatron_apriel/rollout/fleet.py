@@ -6,17 +6,16 @@ runs, so the trainer and the actor find the fleet without sharing a process tree
 places them on different nodes). A restarted server registers again under a new instance id,
 which is how the trainer and the actor notice it needs the current weights.
 
-Local servers (the launcher, tests): each runs in its own session, so ``stop()`` ends vLLM's
-whole process tree (API server, engine core, workers) with one signal to its process group,
-never by name.
+Local servers (``apriel-eval``, tests, benchmarks; the launcher's are its components): each is a
+``ManagedProcess``, so ``stop()`` ends vLLM's whole process tree (API server, engine core,
+workers, also those that left its process group), never by name, and the servers die with the
+process that started them, even one killed by SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -27,6 +26,7 @@ from typing import Callable, Optional
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from megatron_apriel.process import ManagedProcess
 from megatron_apriel.rollout.config import FleetConfig
 
 FLEET_DIR = "fleet"
@@ -88,15 +88,21 @@ def fleet_urls(cfg: FleetConfig, run_dir: str | Path, timeout_s: Optional[float]
 
 @dataclass
 class ServerProcess:
+    """One ``apriel-serve`` started by us (``start_server``): a managed process (its own process
+    group, dead with its owner, nothing it started left behind once stopped) and its URL."""
+
     url: str
-    process: subprocess.Popen
-    log_path: Path
+    process: ManagedProcess
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
 
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {self.process.returncode}; log tail:\n{self.log_tail()}")
+                raise RuntimeError(f"vLLM server exited with {self.process.poll()}; log tail:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
                     return
@@ -106,19 +112,10 @@ class ServerProcess:
         raise TimeoutError(f"vLLM server at {self.url} not healthy after {timeout_s}s; log tail:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 40) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        return "\n".join(lines[-n:])
+        return self.process.tail(n)
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.process.poll() is not None:
-            return
-        pgid = os.getpgid(self.process.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(grace_s)
+        self.process.stop(grace_s)
 
 
 def serve_command(model_dir: str, port: int, host: str = "127.0.0.1", extra_args: Optional[list[str]] = None,
@@ -133,10 +130,9 @@ def serve_command(model_dir: str, port: int, host: str = "127.0.0.1", extra_args
 def start_server(model_dir: str, port: int, log_path: str | Path, host: str = "127.0.0.1",
                  extra_args: Optional[list[str]] = None, env: Optional[dict] = None,
                  register_dir: Optional[str | Path] = None) -> ServerProcess:
-    """Launch ``apriel-serve`` in a new session (returns at once; call ``wait_healthy``)."""
+    """Launch ``apriel-serve`` as a managed process (returns at once; call ``wait_healthy``)."""
     cmd = serve_command(model_dir, port, host, extra_args, register_dir)
-    log_path = Path(log_path)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **(env or {})})
-    return ServerProcess(url=f"http://{host}:{port}", process=proc, log_path=log_path)
+    Path(log_path).unlink(missing_ok=True)
+    process = ManagedProcess(f"server:{port}", cmd, Path(log_path), env or {})
+    process.start()
+    return ServerProcess(url=f"http://{host}:{port}", process=process)

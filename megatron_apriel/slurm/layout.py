@@ -28,17 +28,6 @@ class JobLayout:
         return self.rollout_nodes * self.servers_per_node
 
 
-def vllm_tensor_parallel(vllm_args: list[str]) -> int:
-    """The servers' ``--tensor-parallel-size`` (``-tp``) from ``fleet.vllm_args``; 1 when absent."""
-    for i, a in enumerate(vllm_args):
-        for flag in ("--tensor-parallel-size", "-tp"):
-            if a == flag and i + 1 < len(vllm_args):
-                return int(vllm_args[i + 1])
-            if a.startswith(flag + "="):
-                return int(a.split("=", 1)[1])
-    return 1
-
-
 def _check_run(run: RunConfig) -> None:
     """What any SLURM job of ours needs from the run, whatever the nodes."""
     if run.rollout.source != "fleet":
@@ -57,7 +46,7 @@ def job_layout(run: RunConfig) -> JobLayout:
     _check_run(run)
     s = run.slurm
     tp, pp, ranks = run.parallel.tp, run.parallel.pp, run.launch.nproc_per_node
-    vllm_tp = vllm_tensor_parallel(run.fleet.vllm_args)
+    vllm_tp = run.fleet.server_args.tensor_parallel_size
     if s.gpus_per_node:
         world = run.launch.nnodes * s.gpus_per_node
         if world % (tp * pp):
@@ -106,4 +95,4 @@ def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int
         )
     ParallelDims.resolve(run.parallel, train_nodes * train_tasks_per_node)
     return JobLayout(train_nodes, train_tasks_per_node, rollout_nodes, servers_per_node, run.slurm.gpus_per_node,
-                     vllm_tensor_parallel(run.fleet.vllm_args))
+                     run.fleet.server_args.tensor_parallel_size)

@@ -8,8 +8,9 @@ longer sees them, and they hold the node's memory for the next job. This supervi
 
 - makes itself a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): orphans of the command are
   reparented to it, not to init, so they stay descendants of the task;
-- runs the command in its own process group, passes SIGTERM and SIGINT on to that group and
-  ignores SIGUSR1 (a stop signal is for the trainer only; the command inherits the ignore);
+- runs the command as a ``ManagedProcess`` (its own process group, SIGTERM if the supervisor
+  dies), passes SIGTERM and SIGINT on to that group and ignores SIGUSR1 (a stop signal is for the
+  trainer only; the command inherits the ignore);
 - when the command exits, for whatever reason, kills every process still below it (by pid, from
   ``/proc``), reaps them, and exits with the command's code (128 + N for signal N).
 """
@@ -19,10 +20,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from megatron_apriel.process import ManagedProcess
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -81,20 +83,14 @@ def _reap() -> None:
 
 
 def supervise(cmd: list[str], env: dict | None = None) -> int:
-    """Run ``cmd`` (with ``env``, default this process's) as described above; its exit code."""
+    """Run ``cmd`` (with ``env`` added to this process's) as described above; its exit code."""
     _become_subreaper()
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
-
-    def forward(signum, frame) -> None:
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass  # the group is gone: nothing left to signal
-
+    child = ManagedProcess(cmd[0], cmd, env=dict(env or {}))
+    child.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    code = proc.wait()
+        signal.signal(sig, lambda signum, frame: child.terminate(signum))
+    code = child.wait()
     killed = kill_below(os.getpid())
     if killed:
         print(f"supervise: {cmd[0]} exited ({code}); killed {len(killed)} process(es) it left: {killed}",

@@ -193,12 +193,11 @@ def test_our_own_problem_files(files, tmp_path):
 
 def test_the_actor_refuses_evaluation_only_problems(files, tmp_path):
     from megatron_apriel.config import to_run_config
-    from megatron_apriel.data.datasets import write_problems
-    from megatron_apriel.entrypoints.actor import load_pools
+    from megatron_apriel.data.datasets import training_pools, write_problems
     from tests.unit.test_config import compose_run
 
     write_problems(tmp_path / "gpqa.jsonl", load("gpqa", files["gpqa"]))
     write_problems(tmp_path / "math.jsonl", load("aime", files["aime"]))
     run = to_run_config(compose_run("tiny_local", [f"actor.data=[{tmp_path / 'math.jsonl'},{tmp_path / 'gpqa.jsonl'}]"]))
     with pytest.raises(ValueError, match=r"holds problems of \['multiple_choice'\], which only evaluation scores"):
-        load_pools(run)
+        training_pools(run.actor.data, run.actor.sampler.mix)

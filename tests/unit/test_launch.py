@@ -117,7 +117,7 @@ def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tm
     import os
     import time
 
-    from megatron_apriel.entrypoints.launch import Component
+    from megatron_apriel.launch.components import Component
 
     pid_file = tmp_path / "child.pid"  # like vLLM's engine core, left behind by its dead API server
     c = Component("server_0", ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; exit 3"], tmp_path / "s.log")
@@ -136,7 +136,7 @@ def test_stopping_a_component_kills_descendants_that_left_its_process_group(tmp_
     import os
     import time
 
-    from megatron_apriel.entrypoints.launch import Component
+    from megatron_apriel.launch.components import Component
 
     # like torchrun's ranks: a child in a session of its own, ignoring SIGTERM (stuck in a collective)
     pid_file = tmp_path / "rank.pid"
@@ -164,7 +164,8 @@ def test_after_the_trainer_the_other_components_stop_together(tmp_path):
     from hydra import compose, initialize_config_module
 
     from megatron_apriel.config import register_configs, to_run_config
-    from megatron_apriel.entrypoints.launch import Component, Launcher
+    from megatron_apriel.launch.components import Component
+    from megatron_apriel.launch.local import Launcher
 
     register_configs()
     with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):

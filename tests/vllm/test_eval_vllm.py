@@ -4,13 +4,15 @@ public format (tests/eval_fixtures.py), through the real command line.
 - the reference run: apriel-eval converts a Megatron checkpoint of a run and serves it itself;
   its reported numbers equal those the test computes: each saved completion rescored by calling
   the verifiers directly, pass@1, its interval and pass@k from their textbook formulas;
-- an evaluation killed (SIGKILL) midway, then run against a fleet that is down (clear error,
-  samples kept), then rerun, reports exactly what the reference run reported (another server
-  serving the HF model the checkpoint came from: same seeds, same samples);
+- an evaluation that serves the checkpoint itself, killed (SIGKILL) midway, leaves no process
+  behind (its server, vLLM's engine, its verifier workers); run against a fleet that is down
+  (clear error, samples kept), then rerun, it reports exactly what the reference run reported
+  (another server serving the HF model the checkpoint came from: same seeds, same samples);
 - a checkpoint whose config.json is cut short fails to serve: a clear error naming it and its log.
 
-Servers: the reference run's own, then one module server (``--servers``) for the killed run and
-its reruns, and the broken checkpoint's, which never comes up; never two serving at once.
+Servers: the reference run's own, the killed run's own, then one module server (``--servers``)
+for the killed run's reruns, and the broken checkpoint's, which never comes up; never two serving
+at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from megatron_apriel.entrypoints.eval import main
@@ -172,17 +175,28 @@ def _without_timing(path: Path) -> dict:
     return report
 
 
-def test_killed_midway_then_resumed_reports_what_an_uninterrupted_run_reports(warm, full, server, tmp_path, capsys):
+def test_killed_midway_then_resumed_reports_what_an_uninterrupted_run_reports(warm, full, request, tmp_path, capsys):
     out = tmp_path / "killed"
     first = out / "samples" / "aime.jsonl"
-    proc = subprocess.Popen(eval_cmd(warm, out, "--max-in-flight", "1", servers=server), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=launcher_env())
-    deadline = time.monotonic() + 120
+    proc = subprocess.Popen(eval_cmd(warm, out, "--max-in-flight", "1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=launcher_env())  # it serves the checkpoint itself
+    deadline = time.monotonic() + 300
     while not (first.exists() and len(first.read_bytes().splitlines()) >= 5):
         assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before it could be killed"
         time.sleep(0.02)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert any("megatron_apriel.entrypoints.serve" in " ".join(p.cmdline()) or "vllm" in " ".join(p.cmdline())
+               for p in family), [p.cmdline() for p in family]  # its server is up
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    # nothing it started outlives it: its server (and vLLM's engine), its verifier workers
+    deadline = time.monotonic() + 120
+    while alive := [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, f"left running after apriel-eval's SIGKILL: {[p.cmdline() for p in alive]}"
+        time.sleep(0.1)
+    converted = out / "hf_converted"  # the killed run's own conversion: the reruns below use a server
+    converted_before = sorted(converted.rglob("*")) if converted.exists() else None
+    server = request.getfixturevalue("server")  # started now: never two servers at once
     written = len(first.read_bytes().splitlines())
     assert 5 <= written < len(SUMS) * N and not (out / "report.json").exists()
     with open(first, "ab") as f:  # what a write cut by the kill leaves: half a line
@@ -197,7 +211,8 @@ def test_killed_midway_then_resumed_reports_what_an_uninterrupted_run_reports(wa
     assert len(first.read_bytes().splitlines()) == written  # nothing lost (the torn half line cut off)
 
     assert main(eval_cmd(warm, out, servers=server)[3:]) == 0
-    assert not (out / "hf_converted").exists()  # a served dist checkpoint needs only its reference's tokenizer
+    # a served dist checkpoint needs only its reference's tokenizer: the reruns converted nothing
+    assert (sorted(converted.rglob("*")) if converted.exists() else None) == converted_before
     assert _without_timing(out / "report.json") == _without_timing(full / "report.json")
     report = json.loads((out / "report.json").read_text())
     assert report["timing"]["aime"]["new_samples"] == len(SUMS) * N - written

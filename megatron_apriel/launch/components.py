@@ -1,0 +1,88 @@
+"""The processes of a run on one machine, and their command lines:
+
+    server_<i>   ``fleet.num_servers`` x apriel-serve (vLLM + weight receiver), registered in run_dir/fleet/
+    actor        python -m megatron_apriel.entrypoints.actor (same config and overrides)
+    trainer      torchrun --nproc_per_node launch.nproc_per_node -m megatron_apriel.entrypoints.train
+
+``rollout.source=local`` runs the trainer alone. Every child gets this command's own config name
+and overrides, with the run directory made absolute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron_apriel.config import RunConfig
+from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.process import ManagedProcess
+from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
+
+LAUNCHER_ONLY = ("run_dir=", "launch.dry_run=")
+"""Overrides not passed on to the components: the run directory (made absolute) and the dry run."""
+
+_EXCEPTION = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
+"""A Python traceback's last line (``pkg.mod.SomeError: message``)."""
+
+
+@dataclass
+class Component(ManagedProcess):
+    restarts_left: int = 0
+    """Restarts the launcher may still give it after a crash."""
+
+    def tail(self, lines: int = 30) -> str:
+        """The exceptions the log reports (what failed, each once), then its last lines."""
+        text = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        errors = [line for line in text if _EXCEPTION.match(line) and "ChildFailedError" not in line]
+        unique = list(dict.fromkeys(errors))[-3:]
+        head = ["errors reported:", *(f"  {e}" for e in unique), "last lines:"] if unique else []
+        return "\n".join(head + text[-lines:])
+
+
+def run_env(run_dir: str) -> dict:
+    """What every component gets: caches that libraries write on import stay in the run directory."""
+    return {"MPLCONFIGDIR": os.environ.get("MPLCONFIGDIR", str(Path(run_dir) / ".cache" / "matplotlib"))}
+
+
+def child_overrides(run: RunConfig, argv: list[str]) -> list[str]:
+    """This command's own arguments (config name and overrides), with the run directory made absolute."""
+    return [a for a in argv if not a.startswith(LAUNCHER_ONLY)] + [f"run_dir={run.run_dir}"]
+
+
+def server_flags(run: RunConfig) -> list[str]:
+    """``fleet.vllm_args`` plus what follows from the run: the context length and the seed."""
+    args = run.fleet.server_args
+    need = run.actor.max_prompt_tokens + run.rewards.max_len
+    if args.max_model_len is not None and args.max_model_len < need:
+        raise ValueError(f"fleet.vllm_args sets --max-model-len {args.max_model_len} < actor.max_prompt_tokens + "
+                         f"rewards.max_len = {need}; raise it or lower one of those.")
+    return list(args.with_default("--max-model-len", str(need)).with_default("--seed", str(run.seed)).argv)
+
+
+def components(run: RunConfig, argv: list[str]) -> list[Component]:
+    """The processes a run starts on this machine (servers, actor, trainer), not yet started;
+    ``argv``: this command's arguments, passed on."""
+    logs = Path(run.run_dir) / "logs"
+    env = run_env(run.run_dir)
+    overrides = child_overrides(run, argv)
+    out: list[Component] = []
+    fleet = run.rollout.source == "fleet"
+    if fleet and not run.fleet.servers:
+        base = run.fleet.port or None
+        for i in range(run.fleet.num_servers):
+            port = base + i if base else free_port()
+            cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run),
+                                register_dir=Path(run.run_dir) / FLEET_DIR)
+            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", env, restarts_left=run.fleet.max_restarts))
+    if fleet:
+        out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *overrides],
+                             logs / "actor.log", env, restarts_left=run.fleet.max_restarts))
+    port = run.launch.master_port or free_port()
+    out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                                     str(run.launch.nproc_per_node), "--master_port", str(port), "-m",
+                                     "megatron_apriel.entrypoints.train", *overrides],
+                         logs / "trainer.log", env))
+    return out

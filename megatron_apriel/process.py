@@ -1,0 +1,125 @@
+"""One way to run a child process that must not outlive its owner.
+
+    server = ManagedProcess("server_0", cmd, log_path=run_dir / "logs/server_0.log")
+    server.start()
+    ...
+    server.terminate()          # SIGTERM to its group, at once (several stop together)
+    server.stop(grace_s=30)     # wait, SIGKILL what is left, then every descendant that escaped
+
+The command runs in a session (process group) of its own, so a signal meant for the owner's
+group (Ctrl-C, a launcher's SIGTERM) does not reach it unasked, and its whole group can be
+signalled without touching the owner. It gets ``death_signal`` if its owner dies, even by
+SIGKILL (``prctl(PR_SET_PDEATHSIG)``). Stopping kills its group and then each descendant seen
+while it ran that left the group: torchrun starts each rank in a session of its own, and a
+killed vLLM API server leaves its engine and workers behind. Used by the local launcher, the
+SLURM supervisor and ``apriel-eval``'s servers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+from megatron_apriel.lifetime import die_with_parent
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    cmd: list[str]
+    log_path: Optional[Path] = None
+    """Where its stdout and stderr are appended (a header line per start); None: the owner's."""
+    env: dict = field(default_factory=dict)
+    """Added to the owner's environment."""
+    death_signal: int = signal.SIGTERM
+    """Sent to it when its owner dies."""
+    proc: Optional[subprocess.Popen] = field(default=None, repr=False)
+    _family: list = field(default_factory=list, repr=False)
+
+    def start(self) -> None:
+        self._family = []
+        sig = self.death_signal
+        kwargs = dict(start_new_session=True, env={**os.environ, **self.env}, preexec_fn=lambda: die_with_parent(sig))
+        if self.log_path is None:
+            self.proc = subprocess.Popen(self.cmd, **kwargs)
+            return
+        self.log_path = Path(self.log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.cmd)}\n")
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, **kwargs)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.pid
+
+    def poll(self) -> Optional[int]:
+        """Its exit code, None while it runs; while it runs, its descendants are noted, so that
+        those it leaves behind when it dies are still found by ``stop``."""
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is None:
+            self._remember_family()
+        return code
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, timeout_s: Optional[float] = None) -> int:
+        return self.proc.wait(timeout_s)
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        """``sig`` to its process group, without waiting (``stop`` waits)."""
+        if not self.running():
+            return
+        self._remember_family()
+        _signal_group(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to its group, SIGKILL after ``grace_s``; then the rest of the group and every
+        descendant seen that left it are killed."""
+        if self.proc is None:
+            return
+        self._remember_family()
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(grace_s)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # what the group still holds: usually nothing
+        for p in self._family:
+            try:
+                p.kill()  # psutil checks it is the same process (pid and start time)
+            except psutil.NoSuchProcess:
+                pass  # it exited with its parent: the usual case
+
+    def tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+
+    def _remember_family(self) -> None:
+        known = {p.pid: p for p in self._family}
+        try:
+            known.update({p.pid: p for p in psutil.Process(self.proc.pid).children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass  # it has exited: its descendants were remembered while it ran, if it had any
+        self._family = list(known.values())
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass  # no process of the group is left
