@@ -75,10 +75,10 @@ def actor_overhead(groups: int = 400, group_size: int = 8) -> dict:
         cfg = ActorConfig(sampler=SamplerConfig(weights={"math": 1.0}), max_in_flight=64, flush_interval_s=0.05,
                           poll_s=0.001)
         rollout = RolloutConfig(group_size=group_size, groups_per_step=16, max_lag=None)
-        actor = Actor(cfg, rollout, RewardConfig(max_len=64, buffer=16), SamplingConfig(max_tokens=64),
-                      FleetClient(["http://fake"], transport=fleet.transport()), cfg.sampler.build(),
-                      DomainOrder(ProblemPools(addition_problems(9)), seed=0), ByteTokenizer(), StreamWriter(root),
-                      instant_verify)
+        actor = Actor(cfg=cfg, rollout=rollout, rewards=RewardConfig(max_len=64, buffer=16),
+                      sampling=SamplingConfig(max_tokens=64), client=FleetClient(["http://fake"], transport=fleet.transport()),
+                      sampler=cfg.sampler.build(), order=DomainOrder(ProblemPools(addition_problems(9)), seed=0),
+                      tokenizer=ByteTokenizer(), stream=StreamWriter(root), verify=instant_verify)
         reader = StreamReader(root)
         write_progress(root, TrainerProgress(step=0, filled=0, cursor=0, version=0))
         stop = asyncio.Event()

@@ -4,7 +4,7 @@ Layers, lowest first. A module imports only from its own layer or from lower one
 layer of the two sides, a side (between ``|``) does not import another. Names are dotted paths
 under ``megatron_apriel``; a package name covers its modules, ``*.config`` every config leaf, and
 the longest name that matches a module places it (a layer may take several lines).
-``tests/unit/test_layers.py`` reads this table and the package's imports.
+``tests/unit/config/test_layers.py`` reads this table and the package's imports.
 
     0 settings:      config conf *.config rewards sampling
     0 records:       rollout.types rollout.stream rollout.lag model.arch parallel.dims weight_sync.protocol

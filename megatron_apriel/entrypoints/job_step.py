@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from megatron_apriel.slurm.compose import compose_run
+from megatron_apriel.config import compose_run
 
 
 def _parser() -> argparse.ArgumentParser:

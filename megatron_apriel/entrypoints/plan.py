@@ -57,14 +57,11 @@ def _model_dir(args) -> Path:
 
 def load_run(preset: str, model_dir: Path, overrides: list[str]):
     """The preset's validated RunConfig, with mandatory paths filled in for planning only."""
-    from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from megatron_apriel.config import register_configs, to_run_config
+    from megatron_apriel.config import compose_config, to_run_config
 
-    register_configs()
-    with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
-        cfg = compose(config_name=preset, overrides=[f"model.hf_path={model_dir}", *overrides])
+    cfg = compose_config(preset, [f"model.hf_path={model_dir}", *overrides])
     if OmegaConf.is_missing(cfg.actor, "data"):  # the problem files do not change the sizes
         cfg.actor.data = ["planning-only"]
     return to_run_config(cfg)

@@ -74,7 +74,7 @@ def submit(script: Path) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from megatron_apriel.slurm.compose import compose_run
+    from megatron_apriel.config import compose_run
     from megatron_apriel.slurm.layout import job_layout
     from megatron_apriel.slurm.render import render, shipped
 

@@ -36,8 +36,8 @@ register_configs()
 def _local_source(run: RunConfig, ctx, parts):
     from megatron_apriel.trainer.local_source import LocalRolloutSource
 
-    return LocalRolloutSource(run.rollout, parts.chunks[0], ctx, parts.arch.vocab_size, run.loss.temperature,
-                              run.rewards)
+    return LocalRolloutSource(cfg=run.rollout, model=parts.chunks[0], ctx=ctx, vocab_size=parts.arch.vocab_size,
+                              sampling=run.sampling, rewards=run.rewards)
 
 
 def _stream_source(run: RunConfig, ctx, parts):
@@ -165,7 +165,39 @@ def _main(cfg: DictConfig) -> None:
     raise SystemExit(launch(run, sys.argv[1:]))
 
 
+def composition_arguments(argv: list[str]) -> Optional[tuple[str, list[str], Optional[str]]]:
+    """``(config name, overrides, config dir)`` when ``argv`` holds only those (tiny_cpu when no
+    name is given); None when it holds other Hydra flags or hydra.* overrides (Hydra handles those)."""
+    name, config_dir, overrides, i = "tiny_cpu", None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        flag, eq, value = a.partition("=")
+        if flag in ("--config-name", "-cn", "--config-dir", "-cd"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    return None
+                value, i = argv[i + 1], i + 1
+            if flag in ("--config-name", "-cn"):
+                name = value
+            else:
+                config_dir = value
+        elif a.startswith(("-", "hydra.", "+hydra.")):
+            return None
+        else:
+            overrides.append(a)
+        i += 1
+    return name, overrides, config_dir
+
+
 def main() -> None:
+    args = composition_arguments(sys.argv[1:])
+    if args is not None:  # Hydra's own refusals (no such preset, unknown key, bad value) as ours: one line, exit 2
+        from megatron_apriel.config import compose_config
+
+        try:
+            compose_config(*args)
+        except ValueError as err:
+            refuse(err)
     _main()
 
 

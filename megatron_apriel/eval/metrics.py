@@ -72,6 +72,6 @@ def truncate_at_budget(token_ids: Sequence[int], finish_reason: str, budget: int
     if budget < 1:
         raise ValueError(f"token budget must be >= 1, got {budget}.")
     if len(token_ids) > budget:
-        return list(token_ids[:budget]), "length"
-    return list(token_ids), finish_reason
+        return [int(t) for t in token_ids[:budget]], "length"
+    return [int(t) for t in token_ids], finish_reason
 

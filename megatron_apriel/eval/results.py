@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from megatron_apriel.rollout.types import TokenIds
+from megatron_apriel.rollout.types import Outcome, TokenIds
 
 SCHEMA_VERSION = 1
 
@@ -40,7 +40,7 @@ class SampleRecord(BaseModel):
     finish_reason: str
     text: str
     """The decoded completion the verifier scored (special tokens skipped, as the actor decodes)."""
-    outcome: str
+    outcome: Outcome
     success: bool
     score: float = Field(ge=0.0, le=1.0)
     detail: str = ""

@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from megatron_apriel.data.prompts import render_prompt
@@ -26,43 +26,47 @@ from megatron_apriel.rollout.types import Problem
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EvalConfig:
-    """The sampling protocol (RECIPE.md section 8's recommendation by default) and concurrency."""
+EVAL_SAMPLING = SamplingConfig(max_tokens=32768, temperature=1.0, top_p=0.95)
+"""RECIPE.md section 8's recommendation; the paper evaluates at up to 32K output tokens."""
 
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_tokens: int = 32768
-    """Output budget per sample (the paper evaluates at up to 32K)."""
-    stop: tuple[str, ...] = ()
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """The sampling protocol and concurrency of an evaluation."""
+
+    sampling: SamplingConfig = EVAL_SAMPLING
+    """Budget, temperature, top_p and stop strings of every sample (its seed comes from ``seed``)."""
     seed: int = 0
     """Base of every sample's seed: same seed, same samples."""
     budgets: tuple[int, ...] = (4096, 8192, 16384, 24576, 32768)
-    """Token budgets at which the saved traces are cut and rescored (those above max_tokens are dropped)."""
+    """Token budgets at which the saved traces are cut and rescored (those above the budget are dropped)."""
     max_in_flight: int = 64
     """Requests sent to the fleet at once."""
     verifier_workers: int = 2
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}.")
-        if self.max_tokens < 1 or self.max_in_flight < 1 or self.verifier_workers < 1:
+        s = self.sampling
+        if s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {s.temperature}, {s.top_p}.")
+        if s.max_tokens < 1 or self.max_in_flight < 1 or self.verifier_workers < 1:
             raise ValueError("max_tokens, max_in_flight and verifier_workers must be >= 1.")
         if any(b < 1 for b in self.budgets):
             raise ValueError(f"token budgets must be >= 1, got {self.budgets}.")
 
-    def sampling(self, seed: int) -> SamplingConfig:
-        return SamplingConfig(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop=self.stop, seed=seed)
+    def sample_sampling(self, seed: int) -> SamplingConfig:
+        """The settings of one sample, seeded with ``seed``."""
+        return replace(self.sampling, seed=seed)
 
     def identity(self) -> dict:
         """What defines the samples: a resumed evaluation must use the same."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
-                "stop": list(self.stop), "seed": self.seed}
+        s = self.sampling
+        return {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "stop": list(s.stop),
+                "seed": self.seed}
 
     @property
     def used_budgets(self) -> list[int]:
-        return sorted({b for b in self.budgets if b < self.max_tokens} | {self.max_tokens})
+        top = self.sampling.max_tokens
+        return sorted({b for b in self.budgets if b < top} | {top})
 
 
 def sample_seed(seed: int, problem_id: str, index: int) -> int:
@@ -94,7 +98,7 @@ async def _score_and_write(run: BenchmarkRun, problem: Problem, prompt: list[int
     (result,) = await loop.run_in_executor(run.pool, score_texts, problem, [text])
     record = SampleRecord(benchmark=run.name, problem_id=problem.id, sample=index, seed=seed, prompt_tokens=len(prompt),
                           completion_ids=completion.token_ids, finish_reason=completion.finish_reason, text=text,
-                          outcome=result.outcome.value, success=result.success, score=result.score,
+                          outcome=result.outcome, success=result.success, score=result.score,
                           detail=result.detail[:500])
     run.results.append(record)
     run.on_sample(record)
@@ -106,7 +110,7 @@ async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: in
     seed = sample_seed(run.cfg.seed, problem.id, index)
     async with gate:
         try:
-            (completion,) = await run.client.generate(prompt, run.cfg.sampling(seed), n=1)
+            (completion,) = await run.client.generate(prompt, run.cfg.sample_sampling(seed), n=1)
         except ValueError as err:
             raise ValueError(f"benchmark {run.name}, problem {problem.id}: {err} (a prompt plus --max-tokens must fit "
                              "the server's --max-model-len)") from err

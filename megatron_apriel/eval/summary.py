@@ -46,7 +46,7 @@ def summarise(problems: Sequence[Problem], ordered: Sequence[SampleRecord], samp
     out["mean_output_tokens"] = math.fsum(lengths) / len(lengths)
     out["median_output_tokens"] = statistics.median(lengths)
     out["truncated_share"] = sum(r.truncated for r in ordered) / len(ordered)
-    out["outcomes"] = dict(sorted(Counter(r.outcome for r in ordered).items()))
+    out["outcomes"] = dict(sorted(Counter(r.outcome.value for r in ordered).items()))
     out["verifier_errors"] = out["outcomes"].get("verifier_error", 0)
     if budget_success:
         out["pass@1_at_budget"] = {str(b): _pass1_stats(s, len(problems), samples)["pass@1"]

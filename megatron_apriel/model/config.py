@@ -13,7 +13,7 @@ FP8_FORMATS = ("hybrid", "e4m3")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelConfig:
     """Which model to build and with which kernels."""
 
@@ -60,7 +60,7 @@ class ModelConfig:
         return ModelArch.from_hf_dir(self.hf_path) if self.hf_path else self.arch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimConfig:
     lr: float = 1e-6
     """Peak learning rate (Apriel configs: 5e-7; GSPO script and PipelineRL default: 1e-6)."""

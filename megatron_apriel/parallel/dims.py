@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelConfig:
     """How the trainer ranks are split. The data-parallel size is what is left of the world."""
 

@@ -33,44 +33,21 @@ from typing import Callable, Optional
 
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.data.prompts import render_prompt
-from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
-                                     task_reward)
-from megatron_apriel.rollout.client import Completion, FleetClient, FleetUnavailable
+from megatron_apriel.rewards import (RewardConfig)
+from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
 from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
+from megatron_apriel.rollout.groups import build_group
 from megatron_apriel.rollout.lag import may_admit
 from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
                                             read_progress)
-from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Problem, Rollout, RolloutGroup
+from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, RolloutGroup
 from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler
 
 log = logging.getLogger("megatron_apriel.actor")
 
 
-def build_group(problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,
-                rewards: RewardConfig, admitted_version: int, timings: GroupTimings) -> RolloutGroup:
-    """Rewards, advantages and the drop rule for one finished, verified group (pure)."""
-    truncated = [c.finish_reason == "length" for c in completions]
-    scores = [task_reward(r.score, t) for r, t in zip(results, truncated)]
-    success = [r.success and not t for r, t in zip(results, truncated)]
-    lengths = [len(c.token_ids) for c in completions]
-    shaped = shape_group_rewards(rewards, scores, lengths, success, truncated)
-    adv = group_advantages(shaped, mode=rewards.advantage_mode, eps=rewards.advantage_eps)
-    dropped = None
-    if any(r.outcome.value == "verifier_error" for r in results):
-        dropped = "verifier_error"
-    elif rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, rewards.zero_advantage_tol):
-        dropped = "zero_advantage"
-    rollouts = [Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
-                        finish_reason=c.finish_reason, outcome=r.outcome.value, detail=r.detail[:DETAIL_CHARS],
-                        score=r.score, success=ok,
-                        reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts)
-                for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
-    return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
-                        rollouts=rollouts, admitted_version=admitted_version, dropped=dropped, timings=timings)
-
-
 class Actor:
-    def __init__(self, cfg: ActorConfig, rollout: RolloutConfig, rewards: RewardConfig, sampling: SamplingConfig,
+    def __init__(self, *, cfg: ActorConfig, rollout: RolloutConfig, rewards: RewardConfig, sampling: SamplingConfig,
                  client: FleetClient, sampler: AdaptiveDomainSampler, order: DomainOrder, tokenizer,
                  stream: StreamWriter, verify: Callable, metrics=None, members: Optional[Callable] = None):
         """``verify(domain, problem, texts)`` is awaited and returns one VerifierResult per text;
@@ -125,11 +102,12 @@ class Actor:
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         results = await self.verify(problem.domain, problem, texts)
         for r in results:
-            if r.outcome.value == "verifier_error":
+            if r.outcome is Outcome.VERIFIER_ERROR:
                 log.error("problem %s (%s): the verifier failed, the group is dropped: %s", problem.id, problem.domain,
                           r.detail[:DETAIL_CHARS])
         timings = GroupTimings(submitted_at=submitted, generate_s=t1 - t0, verify_s=time.monotonic() - t1)
-        return build_group(problem, prompt, completions, results, self.rewards, pending.admitted_version, timings)
+        return build_group(problem=problem, prompt_ids=prompt, completions=completions, results=results,
+                           rewards=self.rewards, admitted_version=pending.admitted_version, timings=timings)
 
     def _start(self, pending: PendingGroup) -> None:
         self.tasks[asyncio.create_task(self._group(pending))] = pending

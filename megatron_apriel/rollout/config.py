@@ -11,7 +11,7 @@ from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.verifiers.config import VerifiersConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     max_tokens: int = 256
     temperature: float = 1.0
@@ -32,7 +32,7 @@ class SamplingConfig:
         return params
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ActorConfig:
     data: list[str] = field(default_factory=list)
     """Problem files (jsonl or parquet, see tools/prepare_data.py); relative paths are taken from
@@ -115,7 +115,7 @@ class ServerArgs:
         return int(self.value("--port") or 8000)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FleetConfig:
     """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
 
@@ -164,7 +164,7 @@ class FleetConfig:
 SOURCES = ("local", "fleet", "replay")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalRolloutConfig:
     """The self-sampling source (``rollout.source=local``): random prompts, a toy reward."""
 
@@ -176,7 +176,7 @@ class LocalRolloutConfig:
             raise ValueError("rollout.local.prompt_len must be >= 1.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutConfig:
     source: str = "fleet"
     """fleet: the actor's groups from vLLM, through the durable stream (the recipe); local: the

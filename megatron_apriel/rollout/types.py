@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import base64
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
 
 DOMAINS: tuple[str, ...] = ("math", "code", "logic", "ifeval", "function_calling")
 """The five verifiable-reward domains of the recipe (RECIPE.md section 6)."""
@@ -70,6 +71,22 @@ class Problem:
 
 # --- rollout records: what the actor writes into the stream and the trainer reads back ---------
 
+class Outcome(str, enum.Enum):
+    """Why a completion got its score."""
+
+    CORRECT = "correct"
+    WRONG = "wrong"
+    NO_ANSWER = "no_answer"
+    """The completion contains no answer in the expected place (no \\boxed{}, no code block, ...)."""
+    UNPARSABLE = "unparsable"
+    """An answer is present but cannot be read (bad JSON, unparsable maths, ...)."""
+    TIMEOUT = "timeout"
+    """The model's answer ran out of time (slow code, pathological expression)."""
+    VERIFIER_ERROR = "verifier_error"
+    """The verifier itself failed: not the model's fault; the trainer may drop the rollout."""
+
+
+
 SCHEMA_VERSION = 2
 """Format version of `RolloutGroup` written now; a reader refuses any it does not know (old runs are
 not silently misread). 2: rollouts carry the verifier's ``detail``; 1 (without it) is still read."""
@@ -80,19 +97,26 @@ def _encode_array(values, dtype: str) -> str:
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _decoder(dtype: str):
-    def decode(value):
+def _array(dtype: str, what: str):
+    """A 1-D read-only numpy array of ``dtype``: decoded from the stream's base64 without a copy
+    or a Python list, or converted from a sequence (what vLLM's client returns)."""
+    def validate(value) -> np.ndarray:
         if isinstance(value, str):  # the stream's compact form
-            return np.frombuffer(base64.b64decode(value), dtype=dtype).tolist()
-        return value
-    return decode
+            array = np.frombuffer(base64.b64decode(value), dtype=dtype)
+        else:
+            array = np.array(value, dtype=dtype)
+            if array.ndim != 1:
+                raise ValueError(f"{what} must be a flat sequence, got shape {array.shape}.")
+        array.flags.writeable = False
+        return array
+    return Annotated[np.ndarray, PlainValidator(validate),
+                     PlainSerializer(lambda v: _encode_array(v, dtype), when_used="json")]
 
 
-TokenIds = Annotated[list[int], BeforeValidator(_decoder("<i4")),
-                     PlainSerializer(lambda v: _encode_array(v, "<i4"), when_used="json")]
-"""Token ids; stored as base64 little-endian int32 in JSON (5.3 bytes a token instead of ~6-7)."""
-LogProbs = Annotated[list[float], BeforeValidator(_decoder("<f4")),
-                     PlainSerializer(lambda v: _encode_array(v, "<f4"), when_used="json")]
+TokenIds = _array("<i4", "token ids")
+"""Token ids; stored as base64 little-endian int32 in JSON (5.3 bytes a token instead of ~6-7),
+held as a read-only int32 array from the stream to the trainer's tensors."""
+LogProbs = _array("<f4", "log-probs")
 """Log-probs; stored as base64 float32 (vLLM computes them in float32, so nothing is lost)."""
 
 
@@ -102,6 +126,13 @@ DETAIL_CHARS = 500
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __eq__(self, other) -> bool:
+        """Equal when their stream forms are (the arrays compared bit for bit)."""
+        return type(other) is type(self) and self.model_dump_json() == other.model_dump_json()
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
 
 
 class VersionSpan(_Record):
@@ -122,8 +153,9 @@ class Rollout(_Record):
     """Weight versions the tokens were sampled under, in order (two or more: updated in flight)."""
     finish_reason: str
     """vLLM's: stop (EOS or a stop string), length (hit the output budget), ..."""
-    outcome: str
-    """The verifier's `Outcome` value (correct, wrong, no_answer, unparsable, timeout, verifier_error)."""
+    outcome: Outcome
+    """The verifier's verdict (a string in the stream: correct, wrong, no_answer, unparsable,
+    timeout, verifier_error)."""
     detail: str = Field(default="", max_length=DETAIL_CHARS)
     """The verifier's note on its verdict (why the answer is wrong, or why the verifier failed),
     cut to ``DETAIL_CHARS``; empty in streams written before it was recorded."""
@@ -200,23 +232,29 @@ class RolloutGroup(_Record):
         """The oldest weights any of its tokens came from: the group's lag is measured from it."""
         return min(r.first_version for r in self.rollouts)
 
+    def train_sample(self, index: int, version: int) -> "TrainSample":
+        """Rollout ``index`` as a `TrainSample`, for a step that trains the weights of ``version``
+        (its arrays are the sample's own: the record's stay read-only)."""
+        r = self.rollouts[index]
+        return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
+                           r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
+                           group=self.seq)
+
     def train_samples(self, version: int) -> list["TrainSample"]:
-        """One `TrainSample` per rollout, for a step that trains the weights of ``version``."""
-        prompt = list(self.prompt_ids)
-        return [TrainSample(prompt + list(r.completion_ids), len(prompt), list(r.logprobs), r.advantage,
-                            truncated=r.truncated, fresh_start=r.fresh_start(version), group=self.seq)
-                for r in self.rollouts]
+        """One `TrainSample` per rollout (see `train_sample`)."""
+        return [self.train_sample(i, version) for i in range(len(self.rollouts))]
 
 
 @dataclass
 class TrainSample:
     """One rollout as the trainer's batcher sees it."""
 
-    tokens: list[int]
-    """Prompt followed by completion token ids."""
+    tokens: np.ndarray
+    """Prompt followed by completion token ids (1-D integer array; a list is converted)."""
     prompt_len: int
-    behaviour_logprobs: list[float]
-    """Log-prob of each completion token under the policy that sampled it (len = completion length)."""
+    behaviour_logprobs: np.ndarray
+    """Log-prob of each completion token under the policy that sampled it (len = completion length;
+    float32 array; a list is converted)."""
     advantage: float
     truncated: bool = False
     """The completion hit the length limit (overlong filtering masks it out of the loss)."""
@@ -227,6 +265,8 @@ class TrainSample:
     """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
 
     def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens)
+        self.behaviour_logprobs = np.asarray(self.behaviour_logprobs, dtype=np.float32)
         n_completion = len(self.tokens) - self.prompt_len
         if self.prompt_len < 1 or n_completion < 0:
             raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")

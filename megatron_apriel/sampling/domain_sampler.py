@@ -52,7 +52,7 @@ DRAWS = ("low_discrepancy", "iid")
 _INV_GOLDEN = 0.6180339887498949  # 1 / golden ratio: the most evenly spreading additive step
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplerConfig:
     """Configuration of `AdaptiveDomainSampler`; composed into the run config by Hydra."""
 
@@ -112,7 +112,8 @@ class AdaptiveDomainSampler:
 
     def __init__(self, weights: Mapping[str, float], min_completions: int = 50,
                  clip: tuple[float, float] = (0.1, 10.0), seed: int = 0, draws: str = "low_discrepancy") -> None:
-        SamplerConfig(dict(weights), min_completions, clip[0], clip[1], seed, draws)  # validates
+        SamplerConfig(weights=dict(weights), min_completions=min_completions, clip_low=clip[0], clip_high=clip[1],
+                      seed=seed, draws=draws)  # validates
         self._domains = tuple(weights)
         self._weights = {d: float(weights[d]) for d in self._domains}
         total = sum(self._weights.values())

@@ -9,7 +9,7 @@ from typing import Optional
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SlurmConfig:
     """The cluster side of a run. Node counts come from the run itself: ``launch.nnodes`` x
     ``launch.nproc_per_node`` trainer ranks, ``fleet.num_servers`` vLLM servers at

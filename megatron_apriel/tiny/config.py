@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TinyBaseConfig:
     """Build the tiny run's base model into ``run_dir/base`` on first use (``model.hf_path`` then
     points there). Off by default; the ``tiny_cpu`` preset turns it on."""

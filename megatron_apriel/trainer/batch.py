@@ -51,13 +51,13 @@ class MicroBatch:
 
 def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     n = len(s.tokens)
-    row["tokens"][start : start + n] = torch.tensor(s.tokens)
+    row["tokens"][start : start + n] = torch.from_numpy(s.tokens)
     row["position_ids"][start : start + n] = torch.arange(n)
     # positions prompt_len-1 .. n-2 predict the completion tokens prompt_len .. n-1
     first, last = start + s.prompt_len - 1, start + n - 1
-    row["labels"][first:last] = torch.tensor(s.tokens[s.prompt_len :])
+    row["labels"][first:last] = torch.from_numpy(s.tokens[s.prompt_len :])
     row["loss_mask"][first:last] = True
-    row["old_logp"][first:last] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    row["old_logp"][first:last] = torch.from_numpy(s.behaviour_logprobs)
     row["fresh"][first + s.fresh_start : last] = True
     row["seq"][start : start + n] = seq_index
 

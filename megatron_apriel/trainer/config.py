@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainerConfig:
     steps: int = 250
     """Optimizer steps in the run (the paper: 250)."""
@@ -18,9 +18,6 @@ class TrainerConfig:
     micro_batch_size: int = 1
     """Rows per micro-batch when packing is off."""
     log_every: int = 1
-    inject_nan_at_step: Optional[int] = None
-    """Fault injection for tests: poison one behaviour log-prob of this step's batch, so its loss
-    is NaN (the run must stop, naming the step and groups, and keep its last good checkpoint)."""
 
     def __post_init__(self) -> None:
         if min(self.steps, self.seq_len, self.micro_batch_size, self.log_every) < 1:
@@ -30,7 +27,7 @@ class TrainerConfig:
 LOSS_KINDS = ("gspo", "gspo_token", "grpo")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LossConfig:
     kind: str = "gspo"
     """gspo (sequence ratio), gspo_token (GSPO-token: same value and gradient, per-token form) or
@@ -61,7 +58,7 @@ class LossConfig:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CheckpointConfig:
     save_every: int = 50
     """Save every this many optimizer steps (0: only at the end and on SIGTERM/SIGUSR1)."""

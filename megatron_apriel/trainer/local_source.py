@@ -18,7 +18,7 @@ import torch
 from megatron_apriel.parallel.collectives import all_gather_cat, all_reduce_sum
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.rewards import RewardConfig, group_advantages, is_zero_advantage_group
-from megatron_apriel.rollout.config import RolloutConfig
+from megatron_apriel.rollout.config import RolloutConfig, SamplingConfig
 from megatron_apriel.rollout.types import TrainSample
 
 
@@ -28,9 +28,10 @@ def lower_half_reward(completion: list[int], vocab_size: int) -> float:
 
 class LocalRolloutSource:
     """``rollout.groups_per_step`` prompts of ``rollout.local.prompt_len`` random tokens per step,
-    each with ``group_size`` completions of ``rewards.max_len`` tokens."""
+    each with ``group_size`` completions of ``sampling.max_tokens`` tokens (the run's sampling
+    settings: ``RunConfig.sampling``)."""
 
-    def __init__(self, cfg: RolloutConfig, model, ctx: ParallelContext, vocab_size: int, temperature: float,
+    def __init__(self, *, cfg: RolloutConfig, model, ctx: ParallelContext, vocab_size: int, sampling: SamplingConfig,
                  rewards: RewardConfig):
         if ctx.dims.pp > 1:
             raise ValueError("rollout.source=local samples with the trainer model and needs parallel.pp=1.")
@@ -38,7 +39,7 @@ class LocalRolloutSource:
             raise ValueError(f"rollout.groups_per_step={cfg.groups_per_step} < dp={ctx.dims.dp}: every "
                              "data-parallel rank needs at least one prompt.")
         self.cfg, self.model, self.ctx = cfg, model, ctx
-        self.vocab_size, self.temperature = vocab_size, temperature
+        self.vocab_size, self.sampling = vocab_size, sampling
         self.rewards = rewards
 
     def _generator(self, step: int, index: int) -> torch.Generator:
@@ -56,8 +57,8 @@ class LocalRolloutSource:
         """``G`` completions of one prompt: tokens ``[G, P + T]`` and behaviour log-probs ``[G, T]``."""
         tokens = torch.tensor(prompt).repeat(self.cfg.group_size, 1)
         logps = []
-        for _ in range(self.rewards.max_len):
-            logp_all = torch.log_softmax(self._next_token_logits(tokens.to(self.ctx.device)) / self.temperature, -1)
+        for _ in range(self.sampling.max_tokens):
+            logp_all = torch.log_softmax(self._next_token_logits(tokens.to(self.ctx.device)) / self.sampling.temperature, -1)
             nxt = torch.multinomial(logp_all.exp(), 1, generator=gen)  # [G, 1]
             logps.append(logp_all.gather(-1, nxt))
             tokens = torch.cat([tokens, nxt], dim=1)

@@ -87,6 +87,8 @@ class StreamSource:
         """Trained groups per domain, over the run (the realised mix)."""
         self._last_read = time.monotonic()
         self._published: Optional[TrainerProgress] = None
+        self._planned: dict[int, RolloutGroup] = {}
+        """Rank 0: the groups of the step just planned, by seq (it has parsed them already)."""
         self.replay = replay
 
     # -- state ---------------------------------------------------------------------------------
@@ -140,6 +142,7 @@ class StreamSource:
         items = [(first, g.seq, i, len(g.prompt_ids) + r.length)
                  for first, g in st.taken for i, r in enumerate(g.rollouts)]
         parts = balance_by_tokens([n for *_, n in items], self.ctx.dims.dp)
+        self._planned = {g.seq: g for _, g in st.taken}
         return StepPlan(cursor=self.reader.cursor, rollouts=[[items[i][:3] for i in part] for part in parts],
                         metrics=metrics, domains=dict(Counter(g.domain for _, g in st.taken)))
 
@@ -154,7 +157,8 @@ class StreamSource:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         self.cursor = plan.cursor
-        samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step)
+        samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step, self._planned)
+        self._planned = {}
         self.consumed.update(plan.domains)
         return samples, plan.metrics
 
@@ -202,12 +206,14 @@ def _rollout_stats(prefix: str, rollouts) -> dict[str, float]:
             f"{prefix}/length_penalty": sum(r.reward - (0.0 if r.truncated else r.score) for r in rollouts) / n}
 
 
-def load_samples(root: Path, items: list[tuple[int, int, int]], step: int) -> list[TrainSample]:
-    """The listed rollouts as samples, reading each segment file once."""
-    segments: dict[int, dict[int, RolloutGroup]] = {}
+def load_samples(root: Path, items: list[tuple[int, int, int]], step: int,
+                 known: Optional[dict[int, RolloutGroup]] = None) -> list[TrainSample]:
+    """The listed rollouts as samples: from ``known`` groups (by seq; rank 0 has read them), else
+    from their segment files, each read once."""
+    groups = dict(known or {})
     out = []
     for first, seq, index in items:
-        if first not in segments:
-            segments[first] = {g.seq: g for g in read_segment(segment_path(root, first)).groups}
-        out.append(segments[first][seq].train_samples(step)[index])
+        if seq not in groups:
+            groups.update({g.seq: g for g in read_segment(segment_path(root, first)).groups})
+        out.append(groups[seq].train_sample(index, step))
     return out

@@ -99,8 +99,6 @@ class Trainer:
         return padded_microbatches(samples, ids, t.micro_batch_size, t.seq_len)
 
     def train_once(self, samples: list[TrainSample]) -> dict[str, float]:
-        if self.step == self.cfg.trainer.inject_nan_at_step and samples:
-            samples[0].behaviour_logprobs[0] = float("nan")
         mbs = self.microbatches(samples)
         try:
             return train_step(self.chunks, self.optimizer, self.scheduler, mbs, self.ctx, self.cfg.loss,

@@ -7,31 +7,15 @@ exception into `Outcome.VERIFIER_ERROR`, so that a crash is never counted agains
 
 from __future__ import annotations
 
-import enum
 import re
 import traceback
 from dataclasses import dataclass
 from typing import Protocol
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.rollout.types import Outcome, Problem
 
 BEGIN_FINAL = "[BEGIN FINAL RESPONSE]"
 END_FINAL = "[END FINAL RESPONSE]"
-
-
-class Outcome(str, enum.Enum):
-    """Why a completion got its score."""
-
-    CORRECT = "correct"
-    WRONG = "wrong"
-    NO_ANSWER = "no_answer"
-    """The completion contains no answer in the expected place (no \\boxed{}, no code block, ...)."""
-    UNPARSABLE = "unparsable"
-    """An answer is present but cannot be read (bad JSON, unparsable maths, ...)."""
-    TIMEOUT = "timeout"
-    """The model's answer ran out of time (slow code, pathological expression)."""
-    VERIFIER_ERROR = "verifier_error"
-    """The verifier itself failed: not the model's fault; the trainer may drop the rollout."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MathVerifierConfig:
     timeout_s: int = 1
     """Seconds allowed to parse, and then to compare, one answer (math-verify timers; whole seconds)."""
@@ -22,7 +22,7 @@ class MathVerifierConfig:
             raise ValueError("timeout_s and max_answer_chars must be >= 1.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SandboxConfig:
     """Limits of one sandboxed run."""
 
@@ -73,7 +73,7 @@ class SandboxConfig:
                              "actor.verifiers.code.sandbox.isolation=rlimits (no network or filesystem isolation).")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SandboxFusionConfig:
     url: str = "http://localhost:8080"
     """Base URL of the SandboxFusion server."""
@@ -94,7 +94,7 @@ class SandboxFusionConfig:
             raise ValueError("need run_timeout_s > 0 and http_timeout_s > run_timeout_s.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CodeVerifierConfig:
     backend: str = "local"
     """'local': subprocess sandbox on this machine; 'sandbox_fusion': a SandboxFusion server."""
@@ -110,7 +110,7 @@ class CodeVerifierConfig:
             raise ValueError(f"backend={self.backend!r}: use 'local' or 'sandbox_fusion'.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VerifiersConfig:
     """The verifiers' settings, one block per configurable domain (``actor.verifiers.math.timeout_s``,
     ``actor.verifiers.code.sandbox.memory_mb``, ``actor.verifiers.code.backend=sandbox_fusion``...)."""

@@ -16,7 +16,7 @@ costs ~0.4-0.7 ms beyond its bytes and a copy runs at ~6 GB/s, so the crossover 
 the link (a 8 MiB device copy takes ~5 us, about one NCCL launch)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WeightSyncConfig:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Packed bucket size; two packing buffers per stage sender."""

@@ -1,7 +1,7 @@
 """Load dist checkpoints written by ``apriel-convert hf-to-mcore`` into Megatron at several layouts,
 run a forward pass, and save Megatron's own TP=2 / PP=2 checkpoints for the export test.
 
-Launched by tests/unit/test_convert_checkpoint.py as
+Launched by tests/unit/convert/test_convert_checkpoint.py as
 ``torchrun --nproc_per_node 2 convert_parity.py SPEC.json OUT.pt``. SPEC: {"models": [{"name",
 "ckpt", "arch"}...], "tokens": [[...]], "resave": {"name": ..., "tp2": dir, "pp2": dir}}.
 """

@@ -1,6 +1,6 @@
 """Run the same tiny model and batch under several (tp, pp, dp) layouts; save what each computed.
 
-Launched by tests/unit/test_layouts.py as ``torchrun --nproc_per_node 2 layouts.py OUT``.
+Launched by tests/unit/trainer/test_layouts.py as ``torchrun --nproc_per_node 2 layouts.py OUT``.
 """
 
 import sys

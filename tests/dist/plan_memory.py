@@ -1,6 +1,6 @@
 """Measure what a real Megatron model + DDP + distributed optimizer allocate on each rank.
 
-Launched by tests/unit/test_plan_memory.py as ``torchrun --nproc_per_node 2 plan_memory.py
+Launched by tests/unit/plan/test_plan_memory.py as ``torchrun --nproc_per_node 2 plan_memory.py
 SPEC.json OUT.json``. SPEC: {"cases": [{"name", "arch": {...}, "tp", "pp", "precision"}...]}.
 For every case and rank it writes the bytes of the distinct storages behind the parameters,
 behind their ``main_grad``s, and held by the optimizer after one step (state tensors, plus

@@ -2,7 +2,7 @@
 as ``scancel`` and SLURM's time limit do to a job step: the save completes, the request is acted
 on (the run stops after that step), and the checkpoint resumes.
 
-Run by tests/unit/test_stop_during_save.py as ``python stop_during_save.py RUN_DIR OUT.json`` in
+Run by tests/unit/trainer/test_stop_during_save.py as ``python stop_during_save.py RUN_DIR OUT.json`` in
 a fresh interpreter: Megatron's checkpoint helpers live once per process, and the order of
 start-up is what is tested (``run_trainer``'s: the stop flag, then ``shield_checkpoint_writer``).
 The signals come from inside the save: the first of Megatron's forked file writers sends them to

@@ -1,0 +1,40 @@
+"""``fleet.vllm_args`` read in one place (``ServerArgs``): both spellings of a flag, defaults that
+never override what the user gave, and the run's context length checked against it."""
+
+import pytest
+
+from megatron_apriel.entrypoints.serve import advertised_url, build_command
+from megatron_apriel.launch.components import server_flags
+from megatron_apriel.rollout.config import ServerArgs
+from megatron_apriel.config import to_run_config
+from tests.unit.config.test_config import compose_run
+
+
+def test_both_spellings_and_the_defaults_of_vllm():
+    spaced = ServerArgs(("--max-model-len", "512", "-tp", "2", "--gpu-memory-utilization", "0.5", "--port", "9"))
+    joined = ServerArgs(("--max-model-len=512", "--tensor-parallel-size=2", "--gpu-memory-utilization=0.5", "--port=9"))
+    for args in (spaced, joined):
+        assert (args.max_model_len, args.tensor_parallel_size, args.gpu_memory_utilization, args.port) == (512, 2, 0.5, 9)
+    empty = ServerArgs()
+    assert (empty.max_model_len, empty.tensor_parallel_size, empty.gpu_memory_utilization, empty.host, empty.port) == \
+        (None, 1, 0.9, "0.0.0.0", 8000)
+
+
+def test_a_default_is_added_only_when_the_flag_is_absent():
+    args = ServerArgs(("--seed=7",))
+    assert args.with_default("--seed", "1").argv == ("--seed=7",)
+    assert args.with_default("--enforce-eager").with_default("--max-model-len", "64").argv == \
+        ("--seed=7", "--enforce-eager", "--max-model-len", "64")
+    cmd, _ = build_command(["--dtype=bfloat16", "--enforce-eager"], backend="gloo", on_gpu=False)
+    assert cmd.count("--enforce-eager") == 1 and "--dtype=bfloat16" in cmd and "float32" not in cmd
+    assert advertised_url(["--host=10.0.0.2", "--port", "8100"], None) == "http://10.0.0.2:8100"
+
+
+@pytest.mark.parametrize("given", [["--max-model-len", "32"], ["--max-model-len=32"]])
+def test_the_run_refuses_a_context_shorter_than_prompt_plus_budget(given):
+    run = to_run_config(compose_run("tiny_local", ["fleet.vllm_args=[" + ",".join(f"'{a}'" for a in given) + "]"]))
+    with pytest.raises(ValueError, match="--max-model-len 32 < actor.max_prompt_tokens"):
+        server_flags(run)
+    ok = to_run_config(compose_run("tiny_local"))
+    flags = ServerArgs(tuple(server_flags(ok)))
+    assert flags.max_model_len == ok.actor.max_prompt_tokens + ok.rewards.max_len and flags.value("--seed") == str(ok.seed)

@@ -1,0 +1,93 @@
+"""apriel-plan end to end on the bundled configs (pure arithmetic, seconds).
+
+Independent expectations: parameter counts from transformers models built on the meta device,
+the KV-cache size from the Llama-3-70B shape by hand, and fits/recommendation checked against
+the usable memory. Byte-exact state and the activation estimate are tested against real
+Megatron allocations in test_plan_memory.py / test_plan_activations.py.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_apriel.entrypoints.plan import main
+
+pytestmark = pytest.mark.integration  # its tests start processes of their own
+
+CONF = Path(__file__).resolve().parents[3] / "megatron_apriel" / "conf"
+CLUSTER = ["--nodes", "8", "--gpus-per-node", "8", "--gpu-memory-gb", "80"]
+
+
+def _plan(capsys, *args) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _hf_parameters(name: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = json.loads((CONF / "models" / name / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["apriel_15b", "qwen25_32b", "llama3_70b"])
+def test_parameter_count_and_update_bytes_match_transformers(capsys, name):
+    plan = _plan(capsys, "--preset", name, *CLUSTER)
+    expected = _hf_parameters(name)
+    assert plan["model"]["parameters"] == expected
+    assert sum(plan["weight_update"]["bytes_per_stage"]) == 2 * expected  # every HF tensor sent once, in bf16
+
+
+@pytest.mark.parametrize("nodes", ["8", "16"])
+def test_llama3_70b_on_64_and_128_h100s(capsys, nodes):
+    plan = _plan(capsys, "--preset", "llama3_70b", "--nodes", nodes, "--gpus-per-node", "8", "--gpu-memory-gb", "80")
+    trainer_gpus = plan["cluster"]["trainer_nodes"] * 8
+    assert trainer_gpus == int(nodes) * 4
+    for layout in plan["layouts"]:
+        assert layout["tp"] * layout["pp"] * layout["dp"] == trainer_gpus and 80 % layout["pp"] == 0
+        assert layout["fits"] == [r for r in ("none", "selective", "full") if layout["total_gib"][r] <= 74]
+    best = plan["recommended"]
+    assert best is not None and best["total_gib"] <= plan["cluster"]["usable_gib"]
+    assert plan["fleet"]["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
+    assert plan["fleet"]["servers"] * plan["fleet"]["tp_per_server"] == int(nodes) * 4
+    assert plan["estimates"] == ["activations", "logits"]
+
+
+def test_text_output_says_what_is_estimated(capsys):
+    assert main(["--preset", "qwen25_32b", *CLUSTER]) == 0
+    out = capsys.readouterr().out
+    assert "ESTIMATES" in out and "recommended: parallel.tp=" in out and "vLLM fleet:" in out
+
+
+def test_hf_dir_with_run_settings_from_the_recipe(capsys, tmp_path):
+    (tmp_path / "config.json").write_text((CONF / "models" / "qwen25_32b" / "config.json").read_text())
+    plan = _plan(capsys, "--hf", str(tmp_path), "--override", "trainer.seq_len=32768", *CLUSTER)
+    assert plan["run"]["preset"] == "apriel_15b" and plan["run"]["seq_len"] == 32768
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "nope"], "no preset 'nope'"),
+    (["--preset", "tiny_cpu"], "pass --hf DIR"),
+    (["--preset", "llama3_70b", "--trainer-nodes", "8"], "leaves no node for vLLM"),
+    ([], "give the model"),
+])
+def test_errors_say_what_to_change(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, *CLUSTER])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_arithmetic_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, megatron_apriel.plan.layouts, megatron_apriel.plan.fleet, megatron_apriel.plan.report; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3]).stdout
+    assert out.strip() == "False"

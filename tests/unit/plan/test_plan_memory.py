@@ -1,0 +1,68 @@
+"""The planner's weights / gradients / optimizer-state bytes equal what Megatron allocates.
+
+Expected values are read from a real Megatron GPTModel + DDP + distributed optimizer on CPU
+(gloo; two ranks: TP=2, PP=2 and DP=2; four ranks: PP=2 x DP=2, where the tied embedding's own
+buckets change which DP rank owns what), one optimizer step taken, by summing the distinct
+storages behind the parameters, their main grads and the optimizer's tensors
+(tests/dist/plan_memory.py). The planner never sees a model.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.plan.buffers import state_bytes
+from megatron_apriel.plan.params import StageShape, stage_params
+
+pytestmark = pytest.mark.integration  # its tests start processes of their own
+
+REPO = Path(__file__).resolve().parents[3]
+QWEN2 = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=24, qkv_bias=True)
+QWEN3_TIED = ModelArch(family="qwen3", vocab_size=300, hidden_size=48, ffn_hidden_size=80, num_layers=4, num_heads=4,
+                       num_kv_heads=2, head_dim=12, qk_norm=True, tie_embeddings=True)
+LLAMA = ModelArch(family="llama", vocab_size=1000, hidden_size=40, ffn_hidden_size=72, num_layers=2, num_heads=2,
+                  num_kv_heads=2, head_dim=20)
+CASES = [("qwen2_tp2_fp32", QWEN2, 2, 1, "fp32"), ("qwen2_pp2_fp32", QWEN2, 1, 2, "fp32"),
+         ("qwen2_dp2_fp32", QWEN2, 1, 1, "fp32"), ("qwen3_tied_pp2_bf16", QWEN3_TIED, 1, 2, "bf16"),
+         ("qwen3_tied_dp2_bf16", QWEN3_TIED, 1, 1, "bf16"), ("llama_tp2_bf16", LLAMA, 2, 1, "bf16"),
+         ("llama_dp2_bf16", LLAMA, 1, 1, "bf16")]
+CASES_4_RANKS = [("qwen3_tied_pp2_dp2_bf16", QWEN3_TIED, 1, 2, "bf16"), ("qwen2_tp2_dp2_fp32", QWEN2, 2, 1, "fp32")]
+
+
+def _launch(tmp, cases, ranks: int) -> dict:
+    spec = {"cases": [{"name": n, "arch": asdict(a), "tp": tp, "pp": pp, "precision": prec}
+                      for n, a, tp, pp, prec in cases]}
+    (tmp / f"spec{ranks}.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
+           str(free_port()), str(REPO / "tests/dist/plan_memory.py"), str(tmp / f"spec{ranks}.json"),
+           str(tmp / f"out{ranks}.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads((tmp / f"out{ranks}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plan_memory")
+    return {**_launch(tmp, CASES, 2), **_launch(tmp, CASES_4_RANKS, 4)}
+
+
+@pytest.mark.parametrize("name, arch, tp, pp, precision", CASES + CASES_4_RANKS,
+                         ids=[c[0] for c in CASES + CASES_4_RANKS])
+def test_state_bytes_equal_megatron_allocations(measured, name, arch, tp, pp, precision):
+    for rank in measured[name]:
+        where = StageShape(tp=tp, pp=pp, stage=rank["pp_rank"])
+        assert [n for n, _ in stage_params(arch, where)] == rank["param_names"]
+        assert [n for _, n in stage_params(arch, where)] == rank["param_numels"]
+        plan = state_bytes(arch, where, rank["dp"], rank["dp_rank"], param_bytes=4 if precision == "fp32" else 2)
+        got = {k: getattr(plan, k) for k in ("weights", "grads", "master", "adam", "step_counters")}
+        assert got == {k: rank[k] for k in got}, f"rank {rank['rank']}"

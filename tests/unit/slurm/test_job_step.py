@@ -1,0 +1,31 @@
+"""The SLURM job's per-node steps: server placement (GPU shares, addresses) and the allocation check."""
+
+import pytest
+
+from megatron_apriel.entrypoints.job_step import gpu_slice, node_address
+from megatron_apriel.config import compose_run
+from megatron_apriel.slurm.layout import check_allocation
+
+
+def test_each_server_gets_its_own_share_of_the_gpus():
+    shares = [gpu_slice(i, 4, 8, None) for i in range(4)]
+    assert shares == ["0,1", "2,3", "4,5", "6,7"]
+    assert gpu_slice(1, 2, 4, "4,5,6,7") == "6,7"  # what SLURM made visible, not 0..N-1
+    with pytest.raises(ValueError, match="8 servers per node but only 4 GPUs"):
+        gpu_slice(0, 8, 4, None)
+
+
+def test_node_address_comes_from_the_job_table():
+    assert node_address("n1=10.0.0.1 n2=10.0.0.2", "n2") == "10.0.0.2"
+    with pytest.raises(ValueError, match="node n3 is not in APRIEL_NODE_ADDRS"):
+        node_address("n1=10.0.0.1", "n3")
+
+
+def test_allocation_that_does_not_fit_the_config_is_refused():
+    run, _ = compose_run("tiny_cpu", [])
+    assert check_allocation(run, 1, 2, 1, 1).num_servers == 1
+    with pytest.raises(ValueError, match="launch.nnodes=1 x launch.nproc_per_node=2") as err:
+        check_allocation(run, 1, 4, 1, 1)
+    assert "APRIEL_*" in str(err.value)
+    with pytest.raises(ValueError, match="fleet.num_servers=1"):
+        check_allocation(run, 1, 2, 2, 1)

@@ -1,0 +1,53 @@
+"""The SLURM task supervisor: nothing the command started outlives it, signals reach the command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration  # its tests start processes of their own
+
+SUPERVISE = [sys.executable, "-m", "megatron_apriel.slurm.supervise", "--"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_an_orphan_in_another_session_is_killed_when_the_command_exits(tmp_path):
+    """What a killed vLLM API server leaves: a process outside its group, reparented away from it."""
+    pidfile = tmp_path / "orphan.pid"
+    proc = subprocess.run([*SUPERVISE, "bash", "-c", f"setsid sleep 300 >/dev/null 2>&1 & echo $! > {pidfile}; exit 3"],
+                          capture_output=True, text=True, timeout=60)
+    orphan = int(pidfile.read_text())
+    assert proc.returncode == 3
+    if alive(orphan):
+        os.kill(orphan, signal.SIGKILL)  # by its pid: this test's own process
+        raise AssertionError("the orphan outlived the supervised command")
+    assert f"killed 1 process(es) it left: [{orphan}]" in proc.stderr
+
+
+def test_sigterm_reaches_the_command_and_its_code_is_returned(tmp_path):
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([*SUPERVISE, "bash", "-c", f'trap "exit 7" TERM; touch {ready}; sleep 100 & wait'])
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGUSR1)  # ignored: a stop signal is for the trainer only
+    time.sleep(0.3)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 7
+
+
+def test_a_killed_command_reports_its_signal():
+    proc = subprocess.run([*SUPERVISE, "bash", "-c", "kill -9 $$"], timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL

@@ -1,0 +1,42 @@
+"""Every command refuses bad input the same way, through its real command line: exit code 2, one
+line on stderr (``<command>: error: ...``) naming the key, preset or file, and no traceback."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.unit.conftest import launcher_env
+
+pytestmark = pytest.mark.integration  # its tests start our commands
+
+CASES = {
+    "train: unknown key": (["apriel-train", "--config-name", "tiny_cpu", "trainer.stepz=3"], "apriel-train: error:",
+                           "trainer.stepz"),
+    "train: ill-typed value": (["apriel-train", "trainer.steps=many"], "apriel-train: error:", "trainer.steps=many"),
+    "train: no such preset": (["apriel-train", "--config-name=apriel_16b"], "apriel-train: error:", "tiny_cpu"),
+    "train: bad override syntax": (["apriel-train", "trainer.steps=["], "apriel-train: error:", "'trainer.steps=['"),
+    "submit: unknown key": (["apriel-submit", "--config-name", "tiny_cpu", "slurm.partitoin=gpu", "--dry-run"],
+                            "apriel-submit: error:", "slurm.partitoin"),
+    "plan: unknown key": (["apriel-plan", "--preset", "apriel_15b", "--override", "fleet.num_serverz=2", "--nodes", "2",
+                           "--gpus-per-node", "8", "--gpu-memory-gb", "80"], "apriel-plan: error:", "fleet.num_serverz"),
+    "convert: not an HF model": (["apriel-convert", "hf-to-mcore", "--hf", "{tmp}/nothing", "--out", "{tmp}/out"],
+                                 "apriel-convert hf-to-mcore: error:", "{tmp}/nothing/config.json"),
+    "convert: not a checkpoint": (["apriel-convert", "mcore-to-hf", "--mcore", "{tmp}", "--out", "{tmp}/out"],
+                                  "apriel-convert mcore-to-hf: error:", "metadata.json"),
+    "eval: no such file": (["apriel-eval", "run", "--checkpoint", "{tmp}", "--bench", "a:aime:{tmp}/aime.jsonl",
+                            "--out", "{tmp}/out"], "apriel-eval run: error:", "{tmp}/aime.jsonl"),
+    "eval: unknown format": (["apriel-eval", "run", "--checkpoint", "{tmp}", "--bench", "a:aimee:{tmp}/a.jsonl",
+                              "--out", "{tmp}/out"], "apriel-eval run: error:", "'aimee'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_refusal_is_one_line_and_exit_code_2(case, tmp_path):
+    argv, prefix, names = CASES[case]
+    argv = [shutil.which(argv[0]), *(a.format(tmp=tmp_path) for a in argv[1:])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=launcher_env(), cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith(prefix) and names.format(tmp=tmp_path) in lines[0], lines[0]

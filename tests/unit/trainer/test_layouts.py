@@ -1,0 +1,114 @@
+"""TP=1 (DP=2), TP=2 and PP=2, padded and packed: same log-probs, loss and updated weights; and
+TP=1 against an independent single-process computation (transformers), so that a bug every
+layout shares cannot pass.
+
+Runs tests/dist/layouts.py under ``torchrun --nproc_per_node 2`` (gloo, real Megatron-Core).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_apriel.convert.mapping import canonical_to_hf
+from megatron_apriel.parallel.rendezvous import free_port
+from tests.dist.layouts import ARCH, GSPO, samples
+from tests.unit.trainer.test_loss import reference_gspo
+
+pytestmark = pytest.mark.integration  # its tests start processes of their own
+
+ROOT = Path(__file__).resolve().parents[3]
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("layouts") / "results.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(ROOT / "tests" / "dist" / "layouts.py"), str(out)]
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out, weights_only=False)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("name", ["gspo/tp2", "gspo/pp2", "gspo/tp1_dp2_packed", "gspo/tp2_packed", "gspo/pp2_packed"])
+def test_logprobs_loss_and_step_agree_across_layouts(results, name):
+    base, other = results["gspo/tp1_dp2"], results[name]
+    assert len(base["logp"]) == 8
+    assert _max_diff(base["logp"], other["logp"]) < ATOL
+    for key in ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/clip_fraction",
+                "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered"):
+        assert other["metrics"][key] == pytest.approx(base["metrics"][key], abs=ATOL), key
+    assert _max_diff(base["weights"], other["weights"]) < ATOL
+
+
+def test_the_step_moves_the_weights(results):
+    moved = _max_diff(results["initial"], results["gspo/tp1_dp2"]["weights"])
+    assert moved > 1e-3  # so that the agreement above is not trivially about unchanged weights
+
+
+def test_dapo_token_mean_agrees_between_dp_and_packed_pp(results):
+    a, b = results["dapo/tp1_dp2"], results["dapo/pp2_packed"]
+    assert a["metrics"]["train/loss"] == pytest.approx(b["metrics"]["train/loss"], abs=ATOL)
+    assert _max_diff(a["weights"], b["weights"]) < ATOL
+    assert a["metrics"]["train/loss"] != pytest.approx(results["gspo/tp1_dp2"]["metrics"]["train/loss"], abs=1e-3)
+
+
+def test_some_sequences_hit_the_clip_and_one_is_filtered(results):
+    m = results["gspo/tp1_dp2"]["metrics"]
+    assert 0 < m["train/clip_fraction"] < 1
+    assert m["train/seqs_filtered"] == 1
+
+
+def _transformers_model(canonical: dict):
+    """The same weights in transformers' own Qwen2 (fp32, eager attention), configured from ARCH by hand."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=ARCH.vocab_size, hidden_size=ARCH.hidden_size,
+                         intermediate_size=ARCH.ffn_hidden_size, num_hidden_layers=ARCH.num_layers,
+                         num_attention_heads=ARCH.num_heads, num_key_value_heads=ARCH.num_kv_heads,
+                         head_dim=ARCH.head_dim, rms_norm_eps=ARCH.norm_eps, rope_theta=ARCH.rope_theta,
+                         max_position_embeddings=ARCH.max_position_embeddings, tie_word_embeddings=False,
+                         use_sliding_window=False)
+    model = Qwen2ForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.load_state_dict(canonical_to_hf(canonical, ARCH), strict=True)
+    return model
+
+
+def test_tp1_matches_a_transformers_forward_of_the_same_weights(results):
+    """The absolute reference the layouts above are tied to: token log-probs at the loss temperature
+    (logits / T, then log_softmax), their entropy, the GSPO loss of test_loss.py's hand reference
+    and the norm of its gradient, all from transformers on the initial weights (the step's forward
+    runs before its update). A bug common to every layout, e.g. the temperature ignored, fails here."""
+    model = _transformers_model(results["initial"])
+    tp1 = results["gspo/tp1_dp2"]
+    seqs, entropy_sum, tokens = [], 0.0, 0
+    batch = samples()
+    for i, s in enumerate(batch):
+        logits = model(torch.tensor([s.tokens])).logits[0, s.prompt_len - 1 : len(s.tokens) - 1]
+        log_softmax = torch.log_softmax(logits / GSPO.temperature, dim=-1)
+        logp = log_softmax.gather(-1, torch.tensor(s.tokens[s.prompt_len:]).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(tp1["logp"][i], logp.detach(), atol=ATOL, rtol=0)
+        entropy_sum += float(-(log_softmax.exp() * log_softmax).sum().detach())
+        tokens += len(logp)
+        seqs.append((logp, torch.tensor(s.behaviour_logprobs)))
+    adv = torch.tensor([s.advantage for s in batch])
+    truncated = torch.tensor([s.truncated for s in batch])
+    loss = reference_gspo(seqs, adv, truncated, GSPO.seq_weighting, GSPO.overlong_filtering,
+                          eps_low=GSPO.eps_low, eps_high=GSPO.eps_high)
+    loss.backward()
+    grad_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
+    m = tp1["metrics"]
+    assert m["train/loss"] == pytest.approx(loss.item(), abs=ATOL)
+    assert m["train/entropy"] == pytest.approx(entropy_sum / tokens, abs=ATOL)
+    assert m["train/tokens"] == tokens
+    assert m["train/grad_norm"] == pytest.approx(grad_norm.item(), rel=1e-4)

@@ -1,0 +1,67 @@
+"""The trainer's stream source on one rank: which groups a step trains, the progress it publishes."""
+
+import pytest
+
+from megatron_apriel.parallel.rendezvous import single_process_world
+from megatron_apriel.rollout.config import RolloutConfig
+from megatron_apriel.trainer.source import StreamSource
+from megatron_apriel.rollout.stream import StreamWriter, read_progress
+from tests.unit.rollout.test_stream import group, snap
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    with single_process_world() as c:
+        yield c
+
+
+def write_groups(root, specs):
+    """specs: (version, dropped) per group, written one segment each."""
+    writer = StreamWriter(root)
+    for version, dropped in specs:
+        g = group(writer.next_seq, version=version).model_copy(update={"dropped": dropped})
+        writer.append([g], snap(writer.next_seq + 1))
+
+
+def test_a_step_takes_usable_groups_in_order_and_skips_the_rest(tmp_path, ctx):
+    write_groups(tmp_path, [(0, None), (0, "zero_advantage"), (0, None), (0, "verifier_error"), (0, None),
+                            (2, None), (1, None)])
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=3, max_lag=1), ctx, {"math": 1.0})
+    samples, m = source.next_batch(0)
+    assert len(samples) == 6 and source.cursor == 5  # groups 0, 2, 4 trained; 1 and 3 dropped
+    assert m["rollout/groups_filtered"] == 1 and m["rollout/groups_verifier_error"] == 1
+    assert m["rollout/groups_read"] == 5 and m["rollout/cursor"] == 5 and m["rollout/lag_max"] == 0
+    # metrics cover every group read (dropped included): group() gives rewards 1.0 and 0.0
+    assert m["rollout/reward"] == pytest.approx(0.5) and m["mix/math/realised"] == 1.0
+    assert read_progress(tmp_path).step == 1  # the step is full: the next group is step 1's
+    source.weights_updated(3)
+    assert read_progress(tmp_path).version == 3 and read_progress(tmp_path).cursor == 5
+
+
+def test_groups_beyond_max_lag_are_skipped_and_counted(tmp_path, ctx):
+    write_groups(tmp_path, [(0, None), (3, None), (4, None)])
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=2, max_lag=1), ctx, {"math": 1.0})
+    _, m = source.next_batch(4)
+    assert m["rollout/groups_stale"] == 1 and m["rollout/lag_mean"] == 0.5 and source.cursor == 3
+
+
+def test_state_resumes_the_cursor(tmp_path, ctx):
+    write_groups(tmp_path, [(0, None)] * 4)
+    cfg = RolloutConfig(group_size=2, groups_per_step=1, max_lag=None)
+    first = StreamSource(tmp_path, cfg, ctx, {"math": 1.0})
+    first.next_batch(0)
+    second = StreamSource(tmp_path, cfg, ctx, {"math": 1.0})
+    second.load_state_dict(first.state_dict())
+    samples, m = second.next_batch(1)
+    assert m["rollout/cursor"] == 2 and samples[0].tokens[2] == 1  # group 1's prompt ends with its seq
+
+
+def test_a_replay_reads_without_writing_and_says_when_the_stream_runs_out(tmp_path, ctx):
+    write_groups(tmp_path, [(0, None)] * 3)
+    cfg = RolloutConfig(source="replay", replay_from=str(tmp_path), group_size=2, groups_per_step=2, max_lag=None)
+    source = StreamSource(tmp_path, cfg, ctx, {"math": 1.0}, replay=True)
+    source.next_batch(0)
+    source.weights_updated(1)
+    assert read_progress(tmp_path) is None  # another run's stream: left as it was
+    with pytest.raises(ValueError, match="ran out at step 1 .1 of 2 groups"):
+        source.next_batch(1)  # one group left: an error, not a wait forever
