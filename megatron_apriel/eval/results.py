@@ -10,10 +10,13 @@ A sample's key is ``(problem_id, sample)``; a key seen twice keeps its first rec
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -90,12 +93,49 @@ class ResultsFile:
         return records
 
     def append(self, record: SampleRecord) -> None:
-        line = (record.model_dump_json() + "\n").encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        append_line(self.path, record.model_dump_json())
+
+
+def append_line(path: Path, text: str) -> None:
+    """``text`` and a newline at the end of ``path``, in O_APPEND writes (a kill leaves at most a
+    torn last line, which the readers ignore)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview((text + "\n").encode())
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+class BudgetVerdicts:
+    """Verdicts of traces cut at a token budget, kept next to the samples so that a report (a rerun,
+    a resumed evaluation) rescores only what it has not scored before: rescoring LiveCodeBench at
+    five budgets runs the code sandbox on every cut trace. Keyed by the cut trace itself (problem,
+    sample, budget and a digest of its tokens), so a sample that was redone is scored anew."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._known: dict[tuple, bool] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line: that verdict is computed again
+                self._known[(row["problem_id"], row["sample"], row["budget"], row["trace"])] = row["success"]
+
+    @staticmethod
+    def key(record: SampleRecord, budget: int) -> tuple:
+        trace = hashlib.sha256(np.asarray(record.completion_ids[:budget], dtype="<i4").tobytes()).hexdigest()[:16]
+        return record.problem_id, record.sample, budget, trace
+
+    def get(self, record: SampleRecord, budget: int) -> Optional[bool]:
+        return self._known.get(self.key(record, budget))
+
+    def add(self, record: SampleRecord, budget: int, success: bool) -> None:
+        key = self.key(record, budget)
+        self._known[key] = success
+        append_line(self.path, json.dumps({"problem_id": key[0], "sample": key[1], "budget": key[2],
+                                           "trace": key[3], "success": success}))

@@ -13,11 +13,11 @@ import hashlib
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Optional
 
 from megatron_apriel.data.prompts import render_prompt
 from megatron_apriel.eval.metrics import truncate_at_budget
-from megatron_apriel.eval.results import ResultsFile, SampleRecord
+from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile, SampleRecord
 from megatron_apriel.eval.scoring import score_texts
 from megatron_apriel.rollout.client import Completion, FleetClient
 from megatron_apriel.rollout.config import SamplingConfig
@@ -147,17 +147,27 @@ async def evaluate_benchmark(run: BenchmarkRun, done: dict[tuple[str, int], Samp
 
 
 def rescore_at_budgets(records: list[SampleRecord], problems: dict[str, Problem], tokenizer, pool: Executor,
-                       budgets: list[int]) -> dict[int, list[bool]]:
+                       budgets: list[int], verdicts: Optional[BudgetVerdicts] = None) -> dict[int, list[bool]]:
     """Per budget, each record's success once its trace is cut at that budget (same order as
-    ``records``). Only cut traces are rescored: a trace within the budget keeps its verdict."""
+    ``records``). Only cut traces are rescored: a trace within the budget keeps its verdict, and
+    one ``verdicts`` already holds is not scored again (new verdicts are added to it)."""
     out: dict[int, list[bool]] = {}
     for budget in budgets:
-        cut = [i for i, r in enumerate(records) if r.length > budget]
+        success = [r.success for r in records]
+        cut = []
+        for i, r in enumerate(records):
+            if r.length > budget:
+                known = None if verdicts is None else verdicts.get(r, budget)
+                if known is None:
+                    cut.append(i)
+                else:
+                    success[i] = known
         texts = [tokenizer.decode(truncate_at_budget(records[i].completion_ids, records[i].finish_reason, budget)[0],
                                   skip_special_tokens=True) for i in cut]
         futures = [pool.submit(score_texts, problems[records[i].problem_id], [t]) for i, t in zip(cut, texts)]
-        success = [r.success for r in records]
         for i, future in zip(cut, futures):
             success[i] = future.result()[0].success
+            if verdicts is not None:
+                verdicts.add(records[i], budget, success[i])
         out[budget] = success
     return out

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from megatron_apriel.eval.benchmarks import BenchmarkSpec
 from megatron_apriel.eval.report import REPORT_KIND, write_report
-from megatron_apriel.eval.results import ResultsFile
+from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile
 from megatron_apriel.eval.runner import BenchmarkRun, EvalConfig, evaluate_benchmark, rescore_at_budgets
 from megatron_apriel.eval.summary import ordered_records, summarise
 from megatron_apriel.rollout.client import FleetClient
@@ -78,7 +78,8 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
         wall = time.monotonic() - start
         ordered = ordered_records(run.problems, records, spec.samples)
         by_id = {p.id: p for p in run.problems}
-        budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets)
+        verdicts = BudgetVerdicts(out / "rescored" / f"{spec.name}.jsonl")
+        budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets, verdicts)
         summary = summarise(run.problems, ordered, spec.samples, budgets)
         report["benchmarks"][spec.name] = {"format": spec.format, "path": spec.source, **summary}
         report["timing"][spec.name] = {"wall_s": wall, "new_samples": len(ordered) - already}

@@ -13,6 +13,7 @@ import pytest
 
 from megatron_apriel.eval.benchmarks import BenchmarkSpec, load_benchmark
 from megatron_apriel.eval.runner import EvalConfig
+from megatron_apriel.eval.scoring import score_texts
 from megatron_apriel.eval.session import check_manifest, run_benchmarks
 from megatron_apriel.rollout.client import FleetClient
 from megatron_apriel.rollout.config import SamplingConfig
@@ -108,6 +109,30 @@ def test_scores_resume_and_budgets(tmp_path, pool):
         assert b["pass@1_at_budget"][str(budget)] == pytest.approx(sum(at) / len(at))
     assert b["pass@1_at_budget"][str(MAX_TOKENS)] == b["pass@1"]
     assert b["pass@1_at_budget"]["40"] < b["pass@1"]
+
+
+class CountingPool:
+    """The verifier pool, counting what it is asked to score."""
+
+    def __init__(self, pool):
+        self.pool, self.scored = pool, 0
+
+    def submit(self, fn, *args, **kwargs):
+        self.scored += fn is score_texts
+        return self.pool.submit(fn, *args, **kwargs)
+
+
+def test_a_rerun_rescores_no_cut_trace_it_has_scored_before(tmp_path, pool):
+    spec = BenchmarkSpec("aime", "aime", write_aime(tmp_path / "aime.jsonl"), n=N)
+    first = evaluate(tmp_path / "out", SeededFleet(), spec, pool)
+    verdicts = (tmp_path / "out" / "rescored" / "aime.jsonl").read_text().splitlines()
+    assert verdicts  # traces longer than 40 or 60 tokens were cut and scored
+    fleet, counting = SeededFleet(), CountingPool(pool)
+    again = evaluate(tmp_path / "out", fleet, spec, counting)
+    assert fleet.requests == [] and counting.scored == 0  # every sample kept, every cut trace's verdict too
+    for report in (first, again):
+        report.pop("timing")
+    assert again == first
 
 
 def test_a_rerun_with_other_settings_is_refused(tmp_path, pool):
