@@ -130,8 +130,8 @@ class Actor:
         max_queued = self.cfg.max_queued_steps * self.rollout.groups_per_step
         oldest = min((p.admitted_version for p in self.tasks.values()), default=None)
         while len(self.tasks) < self.cfg.max_in_flight and may_admit(
-                self.progress, queued, self.rollout.groups_per_step, self.rollout.max_lag, max_queued, oldest,
-                backlog):
+                self.progress, queued=queued, groups_per_step=self.rollout.groups_per_step,
+                max_lag=self.rollout.max_lag, max_queued=max_queued, oldest_in_flight=oldest, backlog=backlog):
             problem = self.order.next(self.sampler.sample())
             self._start(PendingGroup(problem_id=problem.id, domain=problem.domain,
                                      admitted_version=self.progress.version))

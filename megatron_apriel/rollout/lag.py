@@ -31,7 +31,7 @@ def predicted_step(progress: TrainerProgress, position: int, groups_per_step: in
     return progress.step + (progress.filled + position) // groups_per_step
 
 
-def may_admit(progress: TrainerProgress, queued: int, groups_per_step: int, max_lag: Optional[int],
+def may_admit(progress: TrainerProgress, *, queued: int, groups_per_step: int, max_lag: Optional[int],
               max_queued: int, oldest_in_flight: Optional[int] = None, backlog: Optional[int] = None) -> bool:
     """Whether one more group may be started when ``queued`` groups are ahead of it (written and
     still to be trained, or in flight) and the oldest group in flight was admitted at version

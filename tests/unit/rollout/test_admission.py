@@ -14,15 +14,20 @@ def progress(step=0, filled=0, cursor=0, version=0):
 
 def test_synchronous_mode_admits_one_step_only_after_the_push():
     # trainer has read step 3's groups (filling step 4 next) but not yet pushed version 4
-    assert not may_admit(progress(step=4, version=3), 0, groups_per_step=2, max_lag=0, max_queued=100)
+    assert not may_admit(progress(step=4, version=3), queued=0, groups_per_step=2, max_lag=0, max_queued=100)
     after_push = progress(step=4, version=4)
-    assert [may_admit(after_push, q, 2, 0, 100) for q in range(3)] == [True, True, False]
+    assert [may_admit(after_push, queued=q, groups_per_step=2, max_lag=0, max_queued=100)
+            for q in range(3)] == [True, True, False]
     # one group of step 4 already read: one more may start
-    assert [may_admit(progress(step=4, filled=1, version=4), q, 2, 0, 100) for q in range(2)] == [True, False]
+    assert [may_admit(progress(step=4, filled=1, version=4), queued=q, groups_per_step=2, max_lag=0, max_queued=100)
+            for q in range(2)] == [True, False]
 
 
 def test_queue_cap_holds_without_a_lag_bound():
-    assert may_admit(progress(), 7, 4, None, max_queued=8) and not may_admit(progress(), 8, 4, None, max_queued=8)
+    def admit(queued):
+        return may_admit(progress(), queued=queued, groups_per_step=4, max_lag=None, max_queued=8)
+
+    assert admit(7) and not admit(8)
 
 
 def test_predicted_step_counts_what_is_ahead():
@@ -46,7 +51,8 @@ def simulate(max_lag, gps, steps, seed, drop_rate=0.3, train_ticks=3, gen_ticks=
         # not count, as in the actor) and every group in flight
         queued = sum(not dropped for _, dropped in stream[prog.cursor:]) + len(running)
         oldest = min((r[1] for r in running), default=None)
-        while len(running) < in_flight and may_admit(prog, queued, gps, max_lag, 10 * gps, oldest):
+        while len(running) < in_flight and may_admit(prog, queued=queued, groups_per_step=gps, max_lag=max_lag,
+                                                                max_queued=10 * gps, oldest_in_flight=oldest):
             running.append([tick + rng.randint(*gen_ticks), prog.version])  # sampled at >= the published version
             queued += 1
             oldest = prog.version if oldest is None else oldest
