@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Optional
 
 import httpx
@@ -21,16 +22,29 @@ class ServerError(RuntimeError):
     pass
 
 
-def probe_versions(servers: list[str], timeout_s: float = 5.0) -> dict[str, Optional[int]]:
-    """Each server's served weight version (``/weight_info``), or None if it does not answer."""
-    def one(url: str) -> Optional[int]:
+@dataclass(frozen=True)
+class Probe:
+    """What one ``/weight_info`` request found."""
+
+    version: Optional[int] = None
+    """The served weight version; None when the server gave none."""
+    busy: bool = False
+    """It took the connection but did not answer in time: a loaded server, not a dead one (a dead
+    one refuses the connection)."""
+
+
+def probe_versions(servers: list[str], timeout_s: float = 5.0) -> dict[str, Probe]:
+    """Each server's served weight version (``/weight_info``)."""
+    def one(url: str) -> Probe:
         try:
             response = httpx.get(url + "/weight_info", timeout=timeout_s)
+        except httpx.ReadTimeout:
+            return Probe(busy=True)
         except httpx.TransportError:
-            return None
+            return Probe()
         if response.status_code != 200:
-            return None
-        return parse_version_label(response.json()["weight_version"])
+            return Probe()
+        return Probe(version=parse_version_label(response.json()["weight_version"]))
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(servers)))) as pool:
         return dict(zip(servers, pool.map(one, servers)))

@@ -47,7 +47,7 @@ from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.config import WeightSyncConfig
-from megatron_apriel.weight_sync.control import ServerError, WeightSyncControl, probe_versions
+from megatron_apriel.weight_sync.control import Probe, ServerError, WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.weight_sync.source import StageWeights, ToHF
 from megatron_apriel.weight_sync.stream import BucketHook, DoubleBuffer, send_stage
@@ -60,6 +60,14 @@ _STOP = "stop"
 Member = tuple[str, str]
 """A fleet member: (base URL, instance id; "" when unknown)."""
 Members = Union[Sequence[str], Callable[[], list[Member]]]
+
+
+def live_members(members: list[Member], probes: dict[str, Probe], connected: list[Member]) -> list[Member]:
+    """The members to keep (or join): those that answered, and those already connected that were
+    only too busy to answer in time (a loaded server at start-up: leaving it out and joining it
+    again a moment later made the fleet flap). A busy member not connected yet joins once it answers."""
+    joined = set(connected)
+    return [m for m in members if probes[m[0]].version is not None or (probes[m[0]].busy and m in joined)]
 
 
 class WeightSender:
@@ -99,10 +107,10 @@ class WeightSender:
         deadline = time.monotonic() + self.cfg.timeout_s
         while True:
             members = sorted(self.members())
-            versions = probe_versions([url for url, _ in members])
-            live = [m for m in members if versions[m[0]] is not None]
+            probes = probe_versions([url for url, _ in members])
+            live = live_members(members, probes, self.connected or [])
             if live:
-                return live, versions
+                return live, {url: probe.version for url, probe in probes.items()}
             if self.should_stop():
                 return None
             if time.monotonic() > deadline:
@@ -122,7 +130,7 @@ class WeightSender:
             if self.connected is not None:
                 log.warning("fleet changed: %s -> %s; reconnecting", self.connected, live)
             return live
-        stale = {url: versions[url] for url, _ in live if versions[url] != self.last_version}
+        stale = {url: versions[url] for url, _ in live if versions[url] not in (None, self.last_version)}
         if stale and self.last_version is not None:
             log.warning("servers %s serve versions %s, not %s (restarted?): reconnecting the fleet", sorted(stale),
                         sorted(stale.values()), self.last_version)
