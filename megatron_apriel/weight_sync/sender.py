@@ -62,12 +62,20 @@ Member = tuple[str, str]
 Members = Union[Sequence[str], Callable[[], list[Member]]]
 
 
-def live_members(members: list[Member], probes: dict[str, Probe], connected: list[Member]) -> list[Member]:
-    """The members to keep (or join): those that answered, and those already connected that were
-    only too busy to answer in time (a loaded server at start-up: leaving it out and joining it
-    again a moment later made the fleet flap). A busy member not connected yet joins once it answers."""
+BUSY_GRACE_S = 30.0
+"""How long a connected server may stay too busy to answer before it is left out (a stopped
+process accepts connections and never answers: the push must not wait on it)."""
+
+
+def live_members(members: list[Member], probes: dict[str, Probe], connected: list[Member],
+                 busy_s: dict[str, float]) -> list[Member]:
+    """The members to keep (or join): those that answered, and those already connected that have
+    been too busy to answer for less than ``BUSY_GRACE_S`` (``busy_s``: since when, per URL). A
+    loaded server at start-up misses a 5 s probe now and then: leaving it out and joining it again
+    a moment later made the fleet flap. A busy member not connected yet joins once it answers."""
     joined = set(connected)
-    return [m for m in members if probes[m[0]].version is not None or (probes[m[0]].busy and m in joined)]
+    return [m for m in members if probes[m[0]].version is not None
+            or (probes[m[0]].busy and m in joined and busy_s.get(m[0], 0.0) < BUSY_GRACE_S)]
 
 
 class WeightSender:
@@ -93,6 +101,8 @@ class WeightSender:
         self.group: Optional[StageGroup] = None
         self.control: Optional[WeightSyncControl] = None
         self.connected: Optional[list[Member]] = None
+        self._busy_since: dict[str, float] = {}
+        """Servers that took the last probes' connections without answering in time, since when."""
         self.last_version: Optional[int] = None
         self.reconnects = 0
         self._last_check = 0.0
@@ -108,7 +118,10 @@ class WeightSender:
         while True:
             members = sorted(self.members())
             probes = probe_versions([url for url, _ in members])
-            live = live_members(members, probes, self.connected or [])
+            now = time.monotonic()
+            self._busy_since = {url: self._busy_since.get(url, now) for url, probe in probes.items() if probe.busy}
+            live = live_members(members, probes, self.connected or [],
+                                {url: now - since for url, since in self._busy_since.items()})
             if live:
                 return live, {url: probe.version for url, probe in probes.items()}
             if self.should_stop():

@@ -1,5 +1,6 @@
 """Which servers the trainer's weight broadcast keeps: a busy server (it took the connection, its
-answer came too late) stays in the fleet it is connected to; a dead one (connection refused) goes."""
+answer came too late) stays in the fleet it is connected to for a grace; a dead one (connection
+refused) goes at once."""
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -8,7 +9,7 @@ import pytest
 
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.weight_sync.control import Probe, probe_versions
-from megatron_apriel.weight_sync.sender import live_members
+from megatron_apriel.weight_sync.sender import BUSY_GRACE_S, live_members
 
 
 class _Server(BaseHTTPRequestHandler):
@@ -56,8 +57,12 @@ def test_a_probe_tells_a_busy_server_from_a_dead_one(servers):
 def test_a_busy_member_stays_connected_and_a_new_busy_one_waits_until_it_answers():
     members = [("http://a", "1"), ("http://b", "1"), ("http://c", "1")]
     probes = {"http://a": Probe(version=3), "http://b": Probe(busy=True), "http://c": Probe()}
-    assert live_members(members, probes, connected=members) == members[:2]  # b kept: the fleet does not flap
-    assert live_members(members, probes, connected=[]) == members[:1]  # b joins once it answers
+    busy = {"http://b": 5.0}
+    assert live_members(members, probes, members, busy) == members[:2]  # b kept: the fleet does not flap
+    assert live_members(members, probes, [], busy) == members[:1]  # b joins once it answers
     restarted = [("http://a", "1"), ("http://b", "2")]  # b came back as a new instance: a new member
-    assert live_members(restarted, {"http://a": Probe(version=3), "http://b": Probe(busy=True)},
-                        connected=members[:2]) == restarted[:1]
+    assert live_members(restarted, {"http://a": Probe(version=3), "http://b": Probe(busy=True)}, members[:2],
+                        busy) == restarted[:1]
+    # busy for the whole grace (a stopped process takes connections and never answers): left out
+    assert live_members(members, probes, members, {"http://b": BUSY_GRACE_S - 0.1}) == members[:2]
+    assert live_members(members, probes, members, {"http://b": BUSY_GRACE_S}) == members[:1]
