@@ -28,11 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
 from megatron_apriel.entrypoints.eval import main
 from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.rollout.config import ServerArgs
 from megatron_apriel.rollout.types import Problem
 from tests.eval_fixtures import SUMS, write_all
 from tests.unit.conftest import launcher_env, require_root
@@ -175,13 +177,37 @@ def _without_timing(path: Path) -> dict:
     return report
 
 
+def _server_port(log: Path):
+    """The port of the server whose log this is (in the command line the log starts with), once it started."""
+    started = [line for line in log.read_text().splitlines() if line.startswith("===")] if log.exists() else []
+    return ServerArgs(tuple(started[0].split())).port if started else None
+
+
+def _finished_requests(port: int) -> float:
+    """Generation requests the server has finished (its /metrics); 0 while it is not up yet."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    except httpx.TransportError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+
+
 def test_killed_midway_then_resumed_reports_what_an_uninterrupted_run_reports(warm, full, request, tmp_path, capsys):
     out = tmp_path / "killed"
     first = out / "samples" / "aime.jsonl"
     proc = subprocess.Popen(eval_cmd(warm, out, "--max-in-flight", "1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=launcher_env())  # it serves the checkpoint itself
-    deadline = time.monotonic() + 300
-    while not (first.exists() and len(first.read_bytes().splitlines()) >= 5):
+    # hold it midway, however fast the machine samples or scores: once its server has generated 5
+    # samples, pause it (the rest stay queued there), let those 5+ be scored and written, then kill
+    port, generated, deadline = None, 0.0, time.monotonic() + 300
+    while generated < 5:
+        assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before it could be killed"
+        port = port or _server_port(out / "logs" / "server_0.log")
+        generated = _finished_requests(port) if port else 0.0
+        time.sleep(0.02)
+    httpx.post(f"http://127.0.0.1:{port}/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+    generated = _finished_requests(port)  # paused: no request finishes now
+    while len(first.read_bytes().splitlines() if first.exists() else []) < generated:
         assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before it could be killed"
         time.sleep(0.02)
     family = psutil.Process(proc.pid).children(recursive=True)
