@@ -58,7 +58,7 @@ MODELS = {
     "many_small": llama_like(256, 768, 48, 4096),
     "mid": llama_like(1024, 2816, 8, 16384),
 }
-DESCRIPTIONS = {"tiny": "tiny (testing.tiny_model)", "many_small": "many small tensors (48 layers)",
+DESCRIPTIONS = {"tiny": "tiny (tiny.model)", "many_small": "many small tensors (48 layers)",
                 "mid": "mid (8 layers, hidden 1024)"}
 
 
