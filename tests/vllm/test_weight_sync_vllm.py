@@ -1,7 +1,7 @@
 """Megatron (TP=2 / PP=2, 2 ranks, gloo) -> running vLLM server, end to end on CPU.
 
-For each layout: weights pushed while 16 long requests are decoding (held there by a pause once
-they all run, so the push lands mid-way on any machine); every request completes
+For each layout: weights pushed while 16 long requests are decoding (held there by a pause as soon
+as the client has sent them, so the push lands mid-way on any machine); every request completes
 (none aborted) and reports the versions its tokens came from; the server's prompt log-probs then
 equal the trainer's (fp32, atol 1e-4); a push with one flipped byte is rejected, the server keeps
 serving the previous weights and version, and says why (TP=2: the byte is in a tensor sent from
@@ -58,44 +58,55 @@ def metrics(url: str, *names: str) -> list[float]:
             for name in names]
 
 
-RUNNING, TOKENS, FINISHED = "vllm:num_requests_running", "vllm:generation_tokens_total", "vllm:request_success_total"
+TOKENS, FINISHED = "vllm:generation_tokens_total", "vllm:request_success_total"
 
 
-def hold_when_decoding(url: str, n: int, thread: threading.Thread, before: list[float]) -> bool:
-    """Pause the server (``mode=keep``) once its ``n`` requests all run and have decoded two tokens
-    each, so the push that follows lands while they are under way (the push's own pause and resume
-    take over from here). True if the hold caught them: read while paused, when no step runs, so
-    the answer cannot change before the push. False if they finished between the scrape and the
-    pause (a busy machine can take that long): the caller resumes and tries a fresh batch."""
-    deadline = time.monotonic() + 300
-    while True:
-        running, tokens, _ = metrics(url, RUNNING, TOKENS, FINISHED)
-        if running >= n and tokens - before[1] >= 2 * n:
-            break
-        assert thread.is_alive(), "the in-flight requests ended before they were all decoding"
-        assert time.monotonic() < deadline, "the in-flight requests never all ran"
-        time.sleep(0.02)
-    httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
-    running, _, finished = metrics(url, RUNNING, TOKENS, FINISHED)
-    return running >= n and finished == before[2]
+class _Sent(httpx.AsyncBaseTransport):
+    """The client's transport, telling when it has sent ``n`` generation requests."""
+
+    def __init__(self, n: int, sent: threading.Event):
+        self.inner, self.n, self.sent, self.count = httpx.AsyncHTTPTransport(), n, sent, 0
+
+    async def handle_async_request(self, request):
+        self.count += request.url.path.endswith("/generate")
+        if self.count >= self.n:
+            self.sent.set()
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self):
+        await self.inner.aclose()
 
 
 def start_held_requests(url: str, n: int, completions: list, tries: int = 3) -> threading.Thread:
-    """``n`` long requests decoding on a paused server (see ``hold_when_decoding``)."""
+    """``n`` long requests under way on a paused server, so that the push that follows lands while
+    they decode (its own pause and resume take over). The server is paused as soon as the client
+    has sent them, then let run a step at a time (resume, pause) until it has generated a token;
+    the counters are read only while it is paused and idle. (Scraping /metrics while it decodes
+    took ~2 s here, as long as the whole batch.) A batch that finished anyway is tried again."""
     for _ in range(tries):
         completions.clear()
-        before = metrics(url, RUNNING, TOKENS, FINISHED)
-        thread = run_in_flight(url, n, completions)
-        if hold_when_decoding(url, n, thread, before):
+        before = metrics(url, TOKENS, FINISHED)
+        sent = threading.Event()
+        thread = run_in_flight(url, n, completions, _Sent(n, sent))
+        assert sent.wait(300), "the client never sent its requests"
+        httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+        tokens, finished = metrics(url, TOKENS, FINISHED)
+        deadline = time.monotonic() + 300
+        while tokens == before[0] and finished == before[1]:
+            assert thread.is_alive() and time.monotonic() < deadline, "the requests never reached the server"
+            httpx.post(url + "/resume", timeout=60).raise_for_status()
+            httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+            tokens, finished = metrics(url, TOKENS, FINISHED)
+        if finished == before[1]:
             return thread
         httpx.post(url + "/resume", timeout=60).raise_for_status()
         thread.join(120)
     raise AssertionError(f"the {n} requests finished before the hold in {tries} tries")
 
 
-def run_in_flight(url: str, n: int, results: list) -> threading.Thread:
+def run_in_flight(url: str, n: int, results: list, transport=None) -> threading.Thread:
     async def go():
-        client = FleetClient([url])
+        client = FleetClient([url], transport=transport)
         sampling = SamplingConfig(max_tokens=440, temperature=1.0, ignore_eos=True)
         try:
             outs = await asyncio.gather(*(client.generate([7 + i, 11, 13], sampling) for i in range(n)))
