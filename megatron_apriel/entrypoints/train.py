@@ -190,8 +190,12 @@ def composition_arguments(argv: list[str]) -> Optional[tuple[str, list[str], Opt
 
 
 def main() -> None:
-    args = composition_arguments(sys.argv[1:])
-    if args is not None:  # Hydra's own refusals (no such preset, unknown key, bad value) as ours: one line, exit 2
+    from megatron_apriel.parallel.launcher_env import trainer_rank_env
+
+    # Hydra's own refusals (no such preset, unknown key, bad value) as ours: one line, exit 2. A
+    # trainer rank gets the arguments its launcher composed already: it does not compose them twice.
+    args = composition_arguments(sys.argv[1:]) if trainer_rank_env(os.environ) is None else None
+    if args is not None:
         from megatron_apriel.config import compose_config
 
         try:
