@@ -11,7 +11,14 @@ What is redirected (see ../shared/CPU_NOTES.md, section A0):
 2. ``Tensor.type()`` answers the CUDA type names the optimizer checks for
    (``'torch.cuda.FloatTensor'`` ...);
 3. the CUDA RNG calls used by Megatron's RNG tracker act on the CPU generator;
-4. ``torch.cuda.current_device`` / ``synchronize`` / ``current_stream`` stop raising.
+4. ``torch.cuda.current_device`` / ``synchronize`` / ``current_stream`` stop raising;
+   ``current_device()`` returns the CPU device itself, so that ``device=torch.cuda.current_device()``
+   also works where the mode of (1) is not active: torch does not carry a TorchFunctionMode into
+   the autograd engine, and the backward of Megatron's MoE gathers allocates with it.
+
+Without Transformer Engine (any device), ``fill_missing_te_names()`` defines the TE kernels that
+megatron-core 0.16's MoE utilities reference unconditionally (``te_general_gemm`` in the router's
+gating GEMM: a NameError otherwise) as None, as 0.19 does itself.
 
 On every device, ``shield_checkpoint_writer()`` gives Megatron's checkpoint writer a results
 queue whose manager process survives the stop signals a trainer rank receives (below).
@@ -84,7 +91,7 @@ class CudaToCpuMode(TorchFunctionMode):
 def _patch_cuda_runtime() -> None:
     from megatron.core.tensor_parallel import random as mcore_random
 
-    torch.cuda.current_device = lambda: 0
+    torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
     torch.cuda.manual_seed = torch.manual_seed
@@ -92,8 +99,28 @@ def _patch_cuda_runtime() -> None:
     mcore_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
 
+_TE_MOE_NAMES = ("fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss", "fused_permute",
+                 "fused_permute_with_probs", "fused_sort_chunks_by_index", "fused_sort_chunks_by_index_with_probs",
+                 "fused_topk_with_score_function", "fused_unpermute", "te_general_gemm")
+
+
+def fill_missing_te_names() -> None:
+    """Without TE, megatron-core 0.16's ``moe_utils`` leaves these names undefined (its ``except
+    ImportError`` sets only HAVE_TE) while the router's GEMM reads ``te_general_gemm``; define them
+    as None, as 0.19 does. A no-op with TE or where they exist."""
+    check_mcore_version()
+    from megatron.core.transformer.moe import moe_utils
+
+    if moe_utils.HAVE_TE:
+        return
+    for name in _TE_MOE_NAMES:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+
+
 def apply_cpu_patches() -> None:
     """Make Megatron-Core run on the CPU. A no-op when CUDA is available or already applied."""
+    fill_missing_te_names()
     if torch.cuda.is_available() or _APPLIED.is_set():
         return
     check_mcore_version()

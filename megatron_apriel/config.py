@@ -82,6 +82,10 @@ class RunConfig:
         if self.trainer.seq_len < need:
             raise ValueError(f"trainer.seq_len={self.trainer.seq_len} cannot hold a prompt of {what} plus the output "
                              f"budget rewards.max_len={budget}: set trainer.seq_len>={need} or lower one of them.")
+        if self.parallel.sequence_parallel and self.trainer.seq_len % self.parallel.tp:
+            raise ValueError(f"parallel.sequence_parallel=true splits every row's {self.trainer.seq_len} positions over "
+                             f"parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "
+                             f"{self.parallel.tp}.")
         if self.rollout.source == "fleet" and not (self.model.hf_path or self.tiny_base.enabled):
             raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
                              "Face model directory.")

@@ -109,18 +109,20 @@ def _mapped_pieces(reader: HFReader, layout: HFLayout, arch: ModelArch,
     return out
 
 
-def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progress: bool = True) -> None:
+def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progress: bool = True,
+                ep: int = 1) -> None:
     """Convert an HF checkpoint's text decoder into a Megatron dist checkpoint at ``out``.
 
-    ``tp``/``pp`` are checked against the model (heads, layers) and set the vocabulary padding;
-    the checkpoint itself loads at any TP/PP. Vision tower / projector tensors are not stored:
-    mcore-to-hf carries them over from ``--hf-reference``.
+    ``tp``/``pp``/``ep`` are checked against the model (heads, layers, experts) and ``tp`` sets the
+    vocabulary padding; the checkpoint itself loads at any TP/PP/EP. Vision tower / projector
+    tensors are not stored: mcore-to-hf carries them over from ``--hf-reference``.
     """
     out = Path(out)
     with HFReader(hf) as reader:
         arch = ModelArch.from_hf_config(reader.config)
-        ParallelDims(tp=tp, pp=pp, dp=1).check_model(num_layers=arch.num_layers, num_heads=arch.num_heads,
-                                                     num_kv_heads=arch.num_kv_heads)
+        ParallelDims(tp=tp, pp=pp, dp=ep, ep=ep).check_model(
+            num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
+            num_experts=arch.num_experts)
         layout = detect_layout(reader.keys(), reader.config)
         check_text_tensors(reader, arch, layout)
         mcore_io.check_save_prerequisites()
@@ -137,7 +139,8 @@ def hf_to_mcore(hf: str | Path, out: str | Path, tp: int = 1, pp: int = 1, progr
             del sharded
             write_model_metadata(tmp, arch, {"hf_path": str(Path(hf).resolve()), "layout": layout.name,
                                              "hf_model_type": reader.config.get("model_type"),
-                                             "written_for": {"tp": tp, "pp": pp, "padded_vocab_size": padded}})
+                                             "written_for": {"tp": tp, "pp": pp, "ep": ep,
+                                                             "padded_vocab_size": padded}})
 
 
 def _resolve_arch(mcore: Path, ref: Optional[HFReader]) -> ModelArch:

@@ -1,6 +1,6 @@
 """``apriel-convert``: Hugging Face <-> Megatron distributed checkpoint conversion.
 
-    apriel-convert hf-to-mcore --hf PATH --out PATH [--tp N --pp N]
+    apriel-convert hf-to-mcore --hf PATH --out PATH [--tp N --pp N --ep N]
     apriel-convert mcore-to-hf --mcore PATH --out PATH [--hf-reference PATH]
 
 Runs as one process (no torchrun): memory stays at about one decoder layer.
@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     h2m.add_argument("--out", required=True, help="output directory (must not exist)")
     h2m.add_argument("--tp", type=int, default=1, help="tensor-parallel size to check and pad the vocab for")
     h2m.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to check")
-    m2h = sub.add_parser("mcore-to-hf", help="Megatron distributed checkpoint (any TP/PP) -> HF safetensors")
+    h2m.add_argument("--ep", type=int, default=1,
+                     help="expert-parallel size to check (MoE; the checkpoint loads at any EP)")
+    m2h = sub.add_parser("mcore-to-hf", help="Megatron distributed checkpoint (any TP/PP/EP) -> HF safetensors")
     m2h.add_argument("--mcore", required=True, help="dist checkpoint directory (holds metadata.json)")
     m2h.add_argument("--out", required=True, help="output directory (must not exist)")
     m2h.add_argument("--hf-reference", default=None,
@@ -38,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "hf-to-mcore":
-            if args.tp < 1 or args.pp < 1:
-                raise ValueError(f"--tp and --pp must be >= 1, got {args.tp} and {args.pp}.")
-            hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, progress=not args.no_progress)
+            if min(args.tp, args.pp, args.ep) < 1:
+                raise ValueError(f"--tp, --pp and --ep must be >= 1, got {args.tp}, {args.pp} and {args.ep}.")
+            hf_to_mcore(args.hf, args.out, tp=args.tp, pp=args.pp, ep=args.ep, progress=not args.no_progress)
         else:
             mcore_to_hf(args.mcore, args.out, hf_reference=args.hf_reference,
                         max_shard_bytes=int(args.max_shard_gb * 2**30), progress=not args.no_progress)

@@ -97,7 +97,13 @@ def build_trainer(run: RunConfig, ctx, stop: Optional[StopFlag] = None):
     arch.check_sequence_length(run.trainer.seq_len)  # a sliding window must cover the whole sequence
     chunks = wrap_model(build_model(run.model, ctx), ctx)
     optimizer, scheduler = build_optimizer(chunks, run.optim, ctx, total_steps=run.trainer.steps)
-    parts = ModelParts(arch, chunks, optimizer, scheduler)
+    routing = None
+    if arch.is_moe:
+        from megatron_apriel.model.routing import StageRouting
+
+        routing = StageRouting(chunks[0].module, moe_layers=arch.moe_layers, num_experts=arch.num_experts,
+                               replay=run.rollout.routing_replay)
+    parts = ModelParts(arch, chunks, optimizer, scheduler, routing)
     source = ROLLOUT_SOURCES[run.rollout.source](run, ctx, parts)
     sender = build_sender(run, ctx, parts, stop) if run.rollout.source == "fleet" else None
     logger = build_logger(Path(run.run_dir), enabled=ctx.is_logging_rank)

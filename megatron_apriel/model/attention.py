@@ -37,11 +37,18 @@ class PackedDotProductAttention(DotProductAttention):
         return out.reshape(out.shape[0], -1)  # [t, heads*head_dim]; attention.py restores the b=1 dim
 
 
-def local_layer_spec(qk_norm: bool):
-    """Megatron's local GPT layer spec (RMSNorm) with the packed-capable core attention."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def localize(spec) -> None:
+    """Give one of Megatron's local layer specs (in place) the packed-capable core attention and
+    norms that also run under sequence parallelism (``model/norm.py``)."""
+    from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.spec_utils import ModuleSpec
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = ModuleSpec(module=PackedDotProductAttention)
-    return spec
+    from megatron_apriel.model.norm import LocalRMSNorm
+
+    layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+    attention.core_attention = ModuleSpec(module=PackedDotProductAttention)
+    layer.input_layernorm = layer.pre_mlp_layernorm = LocalRMSNorm
+    for name in ("q_layernorm", "k_layernorm"):
+        if getattr(attention, name) is not IdentityOp:
+            setattr(attention, name, LocalRMSNorm)
+

@@ -11,6 +11,35 @@ FP8_FORMATS = ("hybrid", "e4m3")
 
 
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+DISPATCHERS = ("auto", "allgather", "alltoall")
+
+
+@dataclass(kw_only=True)
+class MoEConfig:
+    """How the trainer runs a mixture-of-experts model (``model.moe.*``; ignored for dense ones).
+
+    The router losses default to 0, as slime trains Qwen3-30B-A3B with RL
+    (``scripts/models/qwen3-30B-A3B.sh``: ``--moe-aux-loss-coeff 0``): the base's router is already
+    trained, and a balancing loss would pull its choices away from the ones vLLM samples with.
+    Megatron-LM and Megatron-Bridge use Qwen3's pre-training value, 1e-3 (HF
+    ``router_aux_loss_coef``), for supervised fine-tuning."""
+
+    aux_loss_coeff: float = 0.0
+    """Load-balancing (switch) auxiliary loss coefficient; 0: none."""
+    z_loss_coeff: float = 0.0
+    """Router z-loss coefficient (ST-MoE); 0: none."""
+    token_dispatcher: str = "auto"
+    """auto (alltoall under NCCL, allgather otherwise: Megatron's alltoall dispatcher needs CUDA
+    streams), allgather or alltoall."""
+    grouped_gemm: bool = True
+    """With Transformer Engine, run each rank's experts as one grouped GEMM (TEGroupedMLP); the
+    local spec always runs them one after another (SequentialMLP)."""
+
+    def __post_init__(self) -> None:
+        if self.aux_loss_coeff < 0 or self.z_loss_coeff < 0:
+            raise ValueError("model.moe.aux_loss_coeff and model.moe.z_loss_coeff must be >= 0.")
+        if self.token_dispatcher not in DISPATCHERS:
+            raise ValueError(f"model.moe.token_dispatcher must be one of {DISPATCHERS}, got {self.token_dispatcher!r}.")
 
 
 @dataclass(kw_only=True)
@@ -41,6 +70,8 @@ class ModelConfig:
     dropout: float = 0.0
     """Hidden and attention dropout probability during training steps (0: the recipe trains without).
     Non-zero makes each step draw from the RNG, whose state checkpoints save and restore."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Router losses and expert kernels of a mixture-of-experts model."""
 
     def __post_init__(self) -> None:
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):

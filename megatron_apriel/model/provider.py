@@ -56,15 +56,12 @@ def transformer_config(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext):
 def transformer_config_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext) -> dict:
     """Megatron ``TransformerConfig`` arguments for this machine (pure: testable without TE/CUDA)."""
     impl = resolve_impl(cfg)
-    if ctx.sequence_parallel and impl != "transformer_engine":
-        raise ValueError(
-            "parallel.sequence_parallel=true needs the Transformer Engine layer spec (the local spec's torch "
-            "norms do not support it); set parallel.sequence_parallel=false on this machine."
-        )
     dtype = resolve_dtype(cfg)
-    ctx.dims.check_model(num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads)
+    ctx.dims.check_model(num_layers=arch.num_layers, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
+                         num_experts=arch.num_experts)
     on_gpu = ctx.device.type == "cuda"
     return dict(
+        **moe_kwargs(cfg, arch, ctx, impl),
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         ffn_hidden_size=arch.ffn_hidden_size,
@@ -106,14 +103,71 @@ def transformer_config_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelCo
     )
 
 
-def layer_spec(config, arch: ModelArch):
+def moe_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelContext, impl: str) -> dict:
+    """The ``TransformerConfig`` arguments of a mixture-of-experts model ({} for a dense one).
+
+    Routing as the HF families define it: a softmax over the experts' logits, the top k, their
+    weights renormalised (``norm_topk_prob``; Megatron's default, the softmax of the k chosen
+    logits, is the same) or not (``moe_router_pre_softmax``: top k of the full softmax). The router
+    runs in fp32; tokens are never dropped (no capacity factor), as in vLLM."""
+    if not arch.is_moe:
+        return {}
+    if ctx.dims.tp > 1 and not ctx.sequence_parallel:
+        raise ValueError(f"a mixture-of-experts model with parallel.tp={ctx.dims.tp} needs parallel.sequence_parallel="
+                         "true (Megatron refuses to train MoE layers under tensor parallelism without it); set it, or "
+                         "use parallel.tp=1 and split the experts with parallel.ep.")
+    moe = cfg.moe
+    dispatcher = moe.token_dispatcher
+    if dispatcher == "auto":
+        dispatcher = "alltoall" if ctx.device.type == "cuda" else "allgather"
+    if dispatcher == "alltoall" and ctx.device.type != "cuda":
+        raise ValueError("model.moe.token_dispatcher=alltoall needs CUDA (Megatron's alltoall dispatcher uses CUDA "
+                         "streams); use allgather (or auto) on a CPU machine.")
+    return dict(
+        num_moe_experts=arch.num_experts,
+        moe_router_topk=arch.moe_top_k,
+        moe_ffn_hidden_size=arch.moe_ffn_hidden_size,
+        # A list makes Megatron checkpoint every layer under its own keys (its "non-homogeneous"
+        # layout); a model without dense layers keeps the stacked keys of dense models.
+        moe_layer_freq=[int(arch.is_moe_layer(i)) for i in range(arch.num_layers)] if arch.dense_layers else 1,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not arch.norm_topk_prob,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
+        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        moe_z_loss_coeff=moe.z_loss_coeff or None,
+        moe_token_dispatcher_type=dispatcher,
+        moe_grouped_gemm=impl == "transformer_engine" and moe.grouped_gemm,
+        moe_permute_fusion=False,
+        expert_model_parallel_size=ctx.dims.ep,
+        expert_tensor_parallel_size=1,
+    )
+
+
+def layer_spec(config, arch: ModelArch, ctx: ParallelContext):
+    """This stage's layer specs: Transformer Engine's, or Megatron's local ones localized (packed
+    attention, norms that run under sequence parallelism: ``model/attention.py``). A MoE model gets
+    dense and sparse layers as ``moe_layer_freq`` says."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    if config.transformer_impl == "transformer_engine":
+    te = config.transformer_impl == "transformer_engine"
+    if arch.is_moe:
+        block = specs.get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm",
+                                                 pp_rank=ctx.pp_rank)
+    elif te:
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    from megatron_apriel.model.attention import local_layer_spec
+    else:
+        layer = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+        block = TransformerBlockSubmodules(layer_specs=[layer] * (arch.num_layers // ctx.dims.pp), layer_norm=None)
+    if te:
+        return block
+    from megatron_apriel.model.attention import localize
+    from megatron_apriel.model.norm import LocalRMSNorm
 
-    return local_layer_spec(arch.qk_norm)
+    for spec in {id(s): s for s in block.layer_specs}.values():
+        localize(spec)
+    return TransformerBlockSubmodules(layer_specs=block.layer_specs, layer_norm=LocalRMSNorm)
 
 
 def build_model(cfg: ModelConfig, ctx: ParallelContext):
@@ -124,7 +178,7 @@ def build_model(cfg: ModelConfig, ctx: ParallelContext):
     config = transformer_config(cfg, arch, ctx)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(config, arch),
+        transformer_layer_spec=layer_spec(config, arch, ctx),
         vocab_size=padded_vocab_size(arch.vocab_size, ctx.dims.tp, cfg.make_vocab_size_divisible_by),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=ctx.is_first_stage,

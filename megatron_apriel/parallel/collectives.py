@@ -20,6 +20,19 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item())
 
 
+def sum_over_world(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each tensor summed over every rank (CPU tensors in, CPU tensors out)."""
+    names = sorted(tensors)
+    flat = torch.cat([tensors[n].flatten().float() for n in names]).to(_device())
+    dist.all_reduce(flat)
+    out, start = {}, 0
+    for n in names:
+        size = tensors[n].numel()
+        out[n] = flat[start:start + size].cpu().reshape(tensors[n].shape)
+        start += size
+    return out
+
+
 def broadcast_object(obj, src: int = 0):
     """``obj`` from rank ``src`` on every rank (picklable; small control data, not tensors)."""
     box = [obj]

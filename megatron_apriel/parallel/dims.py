@@ -13,6 +13,10 @@ class ParallelConfig:
     """Tensor-parallel size (Megatron TP). Must divide the number of attention heads and KV groups."""
     pp: int = 1
     """Pipeline-parallel size. Must divide the number of layers."""
+    ep: int = 1
+    """Expert-parallel size (mixture-of-experts models): each expert lives on one of ``ep`` ranks,
+    which are carved out of the tensor- and data-parallel ranks of a stage, as Megatron does (expert
+    tensor parallelism is 1). Must divide the number of experts and tp * dp."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (needs tp > 1). Saves activation memory on long rollouts."""
     backend: str = "auto"
@@ -21,8 +25,9 @@ class ParallelConfig:
     """Collective timeout for the trainer's process groups."""
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1:
-            raise ValueError(f"parallel.tp and parallel.pp must be >= 1, got tp={self.tp} pp={self.pp}.")
+        if self.tp < 1 or self.pp < 1 or self.ep < 1:
+            raise ValueError(f"parallel.tp, parallel.pp and parallel.ep must be >= 1, got tp={self.tp} pp={self.pp} "
+                             f"ep={self.ep}.")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel=true needs parallel.tp > 1; set it to false.")
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -31,15 +36,22 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Resolved sizes for one world: world = tp * pp * dp."""
+    """Resolved sizes for one world: world = tp * pp * dp. Experts are split over ``ep`` ranks of
+    the tp * dp ranks of each stage; each expert is replicated on ``expert_dp`` of them."""
 
     tp: int
     pp: int
     dp: int
+    ep: int = 1
 
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel replicas of each expert (Megatron's expert data-parallel size)."""
+        return self.tp * self.dp // self.ep
 
     @classmethod
     def resolve(cls, cfg: ParallelConfig, world_size: int) -> "ParallelDims":
@@ -49,9 +61,16 @@ class ParallelDims:
                 f"world size {world_size} is not divisible by tp*pp = {cfg.tp}*{cfg.pp} = {mp}; "
                 f"launch a multiple of {mp} trainer ranks or change parallel.tp / parallel.pp."
             )
-        return cls(tp=cfg.tp, pp=cfg.pp, dp=world_size // mp)
+        dp = world_size // mp
+        if (cfg.tp * dp) % cfg.ep:
+            raise ValueError(
+                f"parallel.ep={cfg.ep} must divide tp*dp = {cfg.tp}*{dp} = {cfg.tp * dp} (the ranks of a pipeline "
+                f"stage, which Megatron splits into expert-parallel groups); choose ep among its divisors, or launch "
+                "more trainer ranks."
+            )
+        return cls(tp=cfg.tp, pp=cfg.pp, dp=dp, ep=cfg.ep)
 
-    def check_model(self, *, num_layers: int, num_heads: int, num_kv_heads: int) -> None:
+    def check_model(self, *, num_layers: int, num_heads: int, num_kv_heads: int, num_experts: int = 0) -> None:
         """Fail early, with the fix, when the model cannot be split this way."""
         if num_heads % self.tp or num_kv_heads % self.tp:
             raise ValueError(
@@ -62,3 +81,8 @@ class ParallelDims:
             raise ValueError(
                 f"pp={self.pp} must divide the number of layers ({num_layers}); choose another pp."
             )
+        if self.ep > 1 and not num_experts:
+            raise ValueError(f"ep={self.ep} needs a mixture-of-experts model; this one is dense: set parallel.ep=1.")
+        if num_experts and num_experts % self.ep:
+            raise ValueError(f"ep={self.ep} must divide the number of experts ({num_experts}); choose ep among its "
+                             "divisors.")

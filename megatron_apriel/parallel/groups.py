@@ -30,6 +30,15 @@ class ParallelContext:
     device: torch.device
     pgs: object  # megatron.core.process_groups_config.ProcessGroupCollection
     sequence_parallel: bool = False
+    ep_rank: int = 0
+    """Which slice of every MoE layer's experts this rank holds (0 when ep = 1)."""
+    expert_dp_rank: int = 0
+    """This rank's index among the replicas of its experts (Megatron's expert data-parallel rank)."""
+
+    def local_experts(self, num_experts: int) -> range:
+        """Global indices of the experts this rank holds."""
+        per_rank = num_experts // self.dims.ep
+        return range(self.ep_rank * per_rank, (self.ep_rank + 1) * per_rank)
 
     @property
     def is_first_stage(self) -> bool:
@@ -76,6 +85,8 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelContext:
     ps.initialize_model_parallel(
         tensor_model_parallel_size=dims.tp,
         pipeline_model_parallel_size=dims.pp,
+        expert_model_parallel_size=dims.ep,
+        expert_tensor_parallel_size=1,
         distributed_timeout_minutes=cfg.timeout_minutes,
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -89,6 +100,8 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelContext:
         device=device,
         pgs=pgs,
         sequence_parallel=cfg.sequence_parallel,
+        ep_rank=dist.get_rank(pgs.ep),
+        expert_dp_rank=dist.get_rank(pgs.expt_dp),
     )
 
 

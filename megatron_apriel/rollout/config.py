@@ -192,6 +192,12 @@ class RolloutConfig:
     max_lag: Optional[int] = None
     """Largest policy lag (trainer step minus the oldest weight version of a group's tokens) a
     trained group may have; 0 is synchronous on-policy RL. Null: unbounded (the recipe)."""
+    routing_replay: bool = False
+    """Mixture-of-experts models: vLLM returns the experts it routed each token to, the actor keeps
+    them in the rollout record and the trainer routes every token to those experts in its forward
+    (rollout routing replay, arXiv 2510.11370), while the router's own scores still weight them and
+    get gradients. Off: the trainer routes by itself (``train/routing_mismatch`` reports how often
+    that differs from vLLM either way). The MoE presets turn it on; ignored for dense models."""
     local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
 
     def __post_init__(self) -> None:

@@ -263,10 +263,16 @@ class TrainSample:
     them |log pi_train - log pi_behaviour| is pure train/inference drift."""
     group: int = -1
     """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
+    routing: Optional[np.ndarray] = None
+    """MoE models: the experts vLLM routed each token to, ``[len(tokens), moe_layers, top_k]``
+    integers, -1 where it did not route the token (the last sampled one); None: not recorded."""
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens)
         self.behaviour_logprobs = np.asarray(self.behaviour_logprobs, dtype=np.float32)
+        if self.routing is not None and (self.routing.ndim != 3 or len(self.routing) != len(self.tokens)):
+            raise ValueError(f"sample routing must be [tokens={len(self.tokens)}, moe_layers, top_k], got "
+                             f"{self.routing.shape}.")
         n_completion = len(self.tokens) - self.prompt_len
         if self.prompt_len < 1 or n_completion < 0:
             raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")

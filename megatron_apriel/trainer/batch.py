@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 
 from megatron_apriel.rollout.types import TrainSample, balance_by_tokens
@@ -32,6 +33,8 @@ class MicroBatch:
     seq: torch.Tensor  # [b, S] int64: index of the position's sequence in this micro-batch
     advantages: torch.Tensor  # [n_seq] float32
     truncated: torch.Tensor  # [n_seq] bool
+    valid: Optional[torch.Tensor] = None  # [b, S] bool: positions that hold a sequence's token (not padding)
+    routing: Optional[torch.Tensor] = None  # [b, S, L_moe, k] int16: vLLM's experts, -1 unknown (MoE only)
     cu_seqlens: Optional[torch.Tensor] = None  # [n_segments + 1] int32, packed rows only
     max_seqlen: int = 0
     sample_ids: list[int] = field(default_factory=list)  # index of each sequence in the step
@@ -60,9 +63,23 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     row["old_logp"][first:last] = torch.from_numpy(s.behaviour_logprobs)
     row["fresh"][first + s.fresh_start : last] = True
     row["seq"][start : start + n] = seq_index
+    row["valid"][start : start + n] = True
+    if s.routing is not None:
+        row["routing"][start : start + n] = torch.from_numpy(s.routing.astype(np.int16, copy=False))
 
 
-def _empty_rows(b: int, length: int) -> dict:
+def _empty_rows(b: int, length: int, samples: list[TrainSample]) -> dict:
+    routed = [s.routing for s in samples if s.routing is not None]
+    if routed and len(routed) != len(samples):
+        raise ValueError("some samples of a micro-batch carry routed experts and others do not: record them for "
+                         "every rollout (rollout.routing_replay) or for none.")
+    rows = _plain_rows(b, length)
+    if routed:
+        rows["routing"] = torch.full((b, length, *routed[0].shape[1:]), -1, dtype=torch.int16)
+    return rows
+
+
+def _plain_rows(b: int, length: int) -> dict:
     return {
         "tokens": torch.zeros(b, length, dtype=torch.long),
         "position_ids": torch.zeros(b, length, dtype=torch.long),
@@ -71,6 +88,7 @@ def _empty_rows(b: int, length: int) -> dict:
         "old_logp": torch.zeros(b, length, dtype=torch.float32),
         "fresh": torch.zeros(b, length, dtype=torch.bool),
         "seq": torch.zeros(b, length, dtype=torch.long),
+        "valid": torch.zeros(b, length, dtype=torch.bool),
     }
 
 
@@ -89,7 +107,7 @@ def padded_microbatches(samples: list[TrainSample], ids: list[int], micro_batch_
     out = []
     for lo in range(0, len(samples), micro_batch_size):
         chunk = samples[lo : lo + micro_batch_size]
-        rows = _empty_rows(micro_batch_size, seq_len)  # PP needs one shape: short chunks get empty rows
+        rows = _empty_rows(micro_batch_size, seq_len, chunk)  # PP needs one shape: short chunks get empty rows
         for i, s in enumerate(chunk):
             one = {k: v[i] for k, v in rows.items()}
             _fill_row(one, 0, s, i)
@@ -120,7 +138,7 @@ def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: in
     out = []
     for members in pack_bins([len(s.tokens) for s in samples], pack_len):
         chunk = [samples[i] for i in members]
-        rows = _empty_rows(1, pack_len)
+        rows = _empty_rows(1, pack_len, chunk)
         row = {k: v[0] for k, v in rows.items()}
         bounds, start = [0], 0
         for j, s in enumerate(chunk):

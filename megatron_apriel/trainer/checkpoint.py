@@ -150,23 +150,25 @@ def _materialize_adam_state(optimizer) -> None:
 
 @torch.no_grad()
 def _restore_adam_step(optimizer, loaded: dict) -> None:
-    """Set torch Adam's per-parameter ``step`` (its bias correction) to the saved one.
+    """Set torch Adam's per-parameter ``step`` (its bias correction) to the saved one, in every
+    optimizer of the chain (a MoE model has two: dense parameters and experts, each sharded over
+    its own data-parallel group).
 
     On the torch-Adam path the saved step travels in the param groups; Megatron writes it into the
     state, then overwrites the state from the per-bucket tensors, which do not carry it, so the
     template's step survives. Measured: without this a resumed run diverges from step N + 1 on.
     """
     chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    if len(chained) != 1:
-        raise NotImplementedError("resume supports one (dense) optimizer; expert optimizers are not handled yet.")
-    torch_opt = chained[0].optimizer
-    if not isinstance(torch_opt, torch.optim.Adam):
-        return
-    steps = {g["step"] for g in loaded["optimizer"]["param_groups"] if "step" in g}
-    assert len(steps) == 1, f"inconsistent saved optimizer steps {steps}"
-    step = float(steps.pop())
-    for state in torch_opt.state.values():
-        state["step"] = torch.tensor(step)
+    parts = [loaded] if len(chained) == 1 else [loaded[i] for i in range(len(chained))]
+    for inner, part in zip(chained, parts):
+        torch_opt = inner.optimizer
+        if not isinstance(torch_opt, torch.optim.Adam):
+            continue
+        steps = {g["step"] for g in part["optimizer"]["param_groups"] if "step" in g}
+        assert len(steps) == 1, f"inconsistent saved optimizer steps {steps}"
+        step = float(steps.pop())
+        for state in torch_opt.state.values():
+            state["step"] = torch.tensor(step)
 
 
 @torch.no_grad()  # in fp32 the optimizer's main params are views of the (grad-requiring) weights

@@ -38,6 +38,12 @@ class LocalRolloutSource:
         if cfg.groups_per_step < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step={cfg.groups_per_step} < dp={ctx.dims.dp}: every "
                              "data-parallel rank needs at least one prompt.")
+        if ctx.sequence_parallel:
+            raise ValueError("rollout.source=local samples token by token, which sequence parallelism cannot split: "
+                             "set parallel.sequence_parallel=false.")
+        if ctx.dims.ep > 1 and cfg.groups_per_step % ctx.dims.dp:
+            raise ValueError(f"with parallel.ep={ctx.dims.ep} every data-parallel rank runs the same number of forwards "
+                             f"(they exchange tokens): set rollout.groups_per_step to a multiple of dp={ctx.dims.dp}.")
         self.cfg, self.model, self.ctx = cfg, model, ctx
         self.vocab_size, self.sampling = vocab_size, sampling
         self.rewards = rewards

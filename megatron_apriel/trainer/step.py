@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from megatron_apriel.parallel.collectives import any_rank
+from megatron_apriel.model.routing import StageRouting, routing_metrics
+from megatron_apriel.parallel.collectives import any_rank, sum_over_world
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.config import LossConfig
@@ -15,8 +17,13 @@ from megatron_apriel.trainer.logprobs import vocab_parallel_logprobs
 from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
 
 
-def forward_logits(model, mb: MicroBatch):
-    """Run one stage on a micro-batch: logits ``[b, S, V/tp]`` on the last stage, hidden otherwise."""
+def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None, ctx: Optional[ParallelContext] = None,
+                   training: bool = False):
+    """Run one stage on a micro-batch: logits ``[b, S, V/tp]`` on the last stage, hidden otherwise.
+    ``routing``: a MoE stage's taps, told this micro-batch's routing inputs first."""
+    if routing is not None:
+        routing.begin(routing=mb.routing, valid=mb.valid, fresh=mb.fresh, training=training,
+                      tp=(ctx.dims.tp, ctx.tp_rank))
     packed = mb.packed_seq_params()
     return model(mb.tokens, mb.position_ids, None, packed_seq_params=packed)
 
@@ -37,9 +44,9 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
     return out.loss_sum, out.count, metrics
 
 
-def _forward_step(ctx, cfg, vocab_size, data_iterator, model):
+def _forward_step(ctx, cfg, vocab_size, routing, data_iterator, model):
     mb = next(data_iterator).to(ctx.device)
-    return forward_logits(model, mb), partial(_loss_func, mb, ctx, cfg, vocab_size)
+    return forward_logits(model, mb, routing, ctx, training=True), partial(_loss_func, mb, ctx, cfg, vocab_size)
 
 
 def _schedule(chunks, ctx: ParallelContext):
@@ -82,9 +89,10 @@ class NonFiniteError(FloatingPointError):
 
 
 def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx: ParallelContext,
-               cfg: LossConfig, vocab_size: int) -> dict:
+               cfg: LossConfig, vocab_size: int, routing: Optional[StageRouting] = None) -> dict:
     """Forward/backward all micro-batches, reduce gradients, clip, step. Returns logged metrics
-    (complete on the last pipeline stage; ``{}``-like on the others, plus the grad norm)."""
+    (complete on the last pipeline stage; ``{}``-like on the others, plus the grad norm).
+    ``routing``: the stage's MoE routing taps (None for a dense model): replay and counts."""
     if not microbatches:
         raise ValueError("train_step got no micro-batches: every data-parallel rank needs at least one sample.")
     for chunk in chunks:
@@ -92,7 +100,7 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
     optimizer.zero_grad()
     shape = microbatches[0].tokens.shape
     per_mb = _schedule(chunks, ctx)(
-        forward_step_func=partial(_forward_step, ctx, cfg, vocab_size),
+        forward_step_func=partial(_forward_step, ctx, cfg, vocab_size, routing),
         data_iterator=iter(microbatches),
         model=chunks,
         num_microbatches=len(microbatches),
@@ -109,6 +117,8 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
     scheduler.step(increment=1)
     metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                "train/lr": optimizer.param_groups[0]["lr"]}
+    if routing is not None:
+        metrics.update(routing_metrics(sum_over_world(routing.take_counts()), chunks[0].config.moe_router_topk))
     if ctx.is_last_stage:
         totals = reduce_metrics(per_mb, ctx)
         metrics.update(finalize_metrics(totals))
@@ -118,7 +128,7 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
 
 @torch.no_grad()
 def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContext, vocab_size: int,
-                     temperature: float) -> list[torch.Tensor]:
+                     temperature: float, routing: Optional[StageRouting] = None) -> list[torch.Tensor]:
     """Per-token log-probs ``[b, S]`` of each micro-batch (last stage; empty list elsewhere)."""
     shape = microbatches[0].tokens.shape
 
@@ -129,11 +139,13 @@ def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContex
             logp, _ = token_logprobs(logits, mb, ctx, vocab_size, temperature)
             return logp.sum() * 0, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().cpu()}
 
-        return forward_logits(model, mb), collect
+        return forward_logits(model, mb, routing, ctx), collect
 
     out = _schedule(chunks, ctx)(
         forward_step_func=step, data_iterator=iter(microbatches), model=chunks,
         num_microbatches=len(microbatches), seq_length=shape[1], micro_batch_size=shape[0],
         forward_only=True,
     )
+    if routing is not None:
+        routing.end()
     return [d["logp"] for d in out] if ctx.is_last_stage else []

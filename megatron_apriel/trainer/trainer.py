@@ -17,6 +17,7 @@ from typing import Optional
 from megatron_apriel.config import RunConfig
 from megatron_apriel.metrics import MetricLogger
 from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.source import RolloutSource
@@ -32,12 +33,14 @@ log = logging.getLogger("megatron_apriel")
 
 @dataclass
 class ModelParts:
-    """One model stage as built by the entry point: Megatron DDP chunks, optimizer, LR schedule."""
+    """One model stage as built by the entry point: Megatron DDP chunks, optimizer, LR schedule,
+    and for a mixture of experts the stage's routing taps (replay, load and mismatch counts)."""
 
     arch: ModelArch
     chunks: list
     optimizer: object
     scheduler: object
+    routing: Optional[StageRouting] = None
 
 
 class Trainer:
@@ -46,7 +49,7 @@ class Trainer:
         """``sender``: a `WeightSender` for the vLLM fleet, or None (the local source needs none).
         ``stop``: the rank's stop requests (signals, stop file); None installs the signal handlers here."""
         self.cfg, self.ctx = cfg, ctx
-        self.arch, self.chunks = parts.arch, parts.chunks
+        self.arch, self.chunks, self.routing = parts.arch, parts.chunks, parts.routing
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.source, self.logger, self.sender = source, logger, sender
         self.ckpt_root = Path(cfg.run_dir) / "checkpoints"
@@ -102,7 +105,7 @@ class Trainer:
         mbs = self.microbatches(samples)
         try:
             return train_step(self.chunks, self.optimizer, self.scheduler, mbs, self.ctx, self.cfg.loss,
-                              self.arch.vocab_size)
+                              self.arch.vocab_size, self.routing)
         except NonFiniteError as err:
             where = err.microbatches or range(len(mbs))
             groups = sorted({samples[i].group for m in where for i in mbs[m].sample_ids})

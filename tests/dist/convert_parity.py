@@ -1,9 +1,10 @@
 """Load dist checkpoints written by ``apriel-convert hf-to-mcore`` into Megatron at several layouts,
 run a forward pass, and save Megatron's own TP=2 / PP=2 checkpoints for the export test.
 
-Launched by tests/unit/convert/test_convert_checkpoint.py as
-``torchrun --nproc_per_node 2 convert_parity.py SPEC.json OUT.pt``. SPEC: {"models": [{"name",
-"ckpt", "arch"}...], "tokens": [[...]], "resave": {"name": ..., "tp2": dir, "pp2": dir}}.
+Launched by tests/unit/convert/test_convert_checkpoint.py (and test_convert_moe.py) as
+``torchrun --nproc_per_node N convert_parity.py SPEC.json OUT.pt``. SPEC: {"models": [{"name",
+"ckpt", "arch"}...], "tokens": [[...]], "resave": {"name": ..., LAYOUT: dir, ...}, optional
+"layouts": [[name, tp, pp, ep, sequence_parallel], ...] (default: LAYOUTS)}.
 """
 
 import json
@@ -17,7 +18,7 @@ from megatron.core import dist_checkpointing
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 
-LAYOUTS = (("tp2", 2, 1), ("pp2", 1, 2), ("tp1_dp2", 1, 1))
+LAYOUTS = (("tp2", 2, 1, 1, False), ("pp2", 1, 2, 1, False), ("tp1_dp2", 1, 1, 1, False))
 
 
 def forward(model, ctx, tokens: torch.Tensor, arch: ModelArch):
@@ -40,8 +41,8 @@ def forward(model, ctx, tokens: torch.Tensor, arch: ModelArch):
     return logits[..., : arch.vocab_size]
 
 
-def run(ckpt: str, arch: ModelArch, tokens, tp: int, pp: int, resave_to: str | None):
-    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
+def run(ckpt: str, arch: ModelArch, tokens, tp: int, pp: int, ep: int, sp: bool, resave_to: str | None):
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, ep=ep, sequence_parallel=sp))
     model = build_model(ModelConfig(arch=arch), ctx).eval()
     state = dist_checkpointing.load(model.sharded_state_dict(), ckpt)
     model.load_state_dict(state)
@@ -65,9 +66,9 @@ def main(spec_path: str, out_path: str) -> None:
     results = {}
     for m in spec["models"]:
         arch = ModelArch(**m["arch"])
-        for layout, tp, pp in LAYOUTS:
+        for layout, tp, pp, ep, sp in spec.get("layouts", LAYOUTS):
             resave = spec["resave"].get(layout) if spec["resave"]["name"] == m["name"] else None
-            results[(m["name"], layout)] = run(m["ckpt"], arch, tokens, tp, pp, resave)
+            results[(m["name"], layout)] = run(m["ckpt"], arch, tokens, tp, pp, ep, sp, resave)
     if dist.get_rank() == 0:
         torch.save(results, out_path)
     destroy_parallel()

@@ -45,9 +45,10 @@ def samples() -> list[TrainSample]:
     return out
 
 
-def run_layout(tp, pp, packed, loss_cfg):
-    """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step."""
-    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
+def run_layout(tp, pp, packed, loss_cfg, sp=False):
+    """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step
+    (``sp``: with sequence parallelism)."""
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp))
     model = build_model(ModelConfig(arch=ARCH), ctx)
     ref = reference_state(sorted(canonical_shapes(ARCH).items()))
     load_full_state_dict(model, ref, ctx)
@@ -82,9 +83,10 @@ def main(out_path):
     runs = [("gspo/tp1_dp2", 1, 1, False, GSPO), ("gspo/tp2", 2, 1, False, GSPO), ("gspo/pp2", 1, 2, False, GSPO),
             ("gspo/tp1_dp2_packed", 1, 1, True, GSPO), ("gspo/tp2_packed", 2, 1, True, GSPO),
             ("gspo/pp2_packed", 1, 2, True, GSPO), ("dapo/tp1_dp2", 1, 1, False, DAPO), ("dapo/pp2_packed", 1, 2, True, DAPO)]
+    runs += [("gspo/tp2_sp", 2, 1, False, GSPO, True), ("gspo/tp2_sp_packed", 2, 1, True, GSPO, True)]
     results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items()))}
-    for name, tp, pp, packed, loss_cfg in runs:
-        results[name] = run_layout(tp, pp, packed, loss_cfg)
+    for name, *layout in runs:
+        results[name] = run_layout(*layout)
     if dist.get_rank() == 0:
         torch.save(results, out_path)
     destroy_parallel()

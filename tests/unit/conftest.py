@@ -1,8 +1,12 @@
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from megatron_apriel.rollout.types import Problem
+from megatron_apriel.parallel.rendezvous import free_port
 from tests.ci import skip_or_fail
 
 
@@ -30,3 +34,16 @@ def require_root() -> None:
 @pytest.fixture
 def needs_root():
     require_root()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_dist(script: str, *args: str, ranks: int = 2, timeout: int = 900) -> None:
+    """Run ``tests/dist/<script>`` under ``torchrun --nproc_per_node ranks`` (gloo ranks on this
+    machine, the repository importable); fail with the tail of its output if it fails."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
+           str(free_port()), str(REPO / "tests" / "dist" / script), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -6,9 +6,6 @@ saves) runs in one torchrun launch of tests/dist/convert_parity.py.
 """
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,11 +17,10 @@ from safetensors.torch import save_file
 from megatron_apriel.convert.checkpoint import hf_to_mcore, mcore_to_hf
 from megatron_apriel.entrypoints.convert import main
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.parallel.rendezvous import free_port
+from tests.unit.conftest import run_dist
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own
 
-REPO = Path(__file__).resolve().parents[3]
 TOKENS = [[3, 17, 101, 249, 0, 42, 7, 199, 64, 128, 5, 77], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 
 
@@ -158,14 +154,10 @@ def test_llava_round_trip_carries_vision_tensors_and_keeps_key_layout(models, la
     assert (tmp_path / "back" / "chat_template.jinja").is_file()
 
 
-def run_convert_parity(spec: dict, tmp_path) -> dict:
-    """One 2-rank torchrun of tests/dist/convert_parity.py over ``spec``; its saved results."""
+def run_convert_parity(spec: dict, tmp_path, ranks: int = 2) -> dict:
+    """One torchrun of tests/dist/convert_parity.py over ``spec``; its saved results."""
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(REPO / "tests/dist/convert_parity.py"), str(tmp_path / "spec.json"), str(tmp_path / "out.pt")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_dist("convert_parity.py", str(tmp_path / "spec.json"), str(tmp_path / "out.pt"), ranks=ranks)
     return torch.load(tmp_path / "out.pt")
 
 

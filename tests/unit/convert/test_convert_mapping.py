@@ -51,20 +51,35 @@ ARCHS = {
                        num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True),
     "qwen3": ModelArch(family="qwen3", vocab_size=64, hidden_size=32, ffn_hidden_size=40, num_layers=2,
                        num_heads=4, num_kv_heads=1, head_dim=16, qk_norm=True),
+    "qwen3_moe": ModelArch(family="qwen3_moe", vocab_size=64, hidden_size=32, ffn_hidden_size=40, num_layers=3,
+                           num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, num_experts=3, moe_top_k=2,
+                           moe_ffn_hidden_size=12, dense_layers=[1]),
+    "mixtral": ModelArch(family="mixtral", vocab_size=64, hidden_size=32, ffn_hidden_size=24, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=8, num_experts=4, moe_top_k=2, moe_ffn_hidden_size=24),
 }
 
 
 def _hf_names(family: str) -> set:
-    """The HF parameter names of each family, written out independently of the table."""
+    """The HF parameter names of each family, written out independently of the table (the MoE ones
+    as the published Qwen3-30B-A3B and Mixtral-8x7B checkpoints name them)."""
     layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-             "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+             "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight"]
+    dense = ["mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
     if family == "qwen2":
         layer += ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
-    if family == "qwen3":
+    if family in ("qwen3", "qwen3_moe"):
         layer += ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
+    arch = ARCHS[family]
+    sparse = {"qwen3_moe": ["mlp.gate.weight"] + [f"mlp.experts.{e}.{p}_proj.weight" for e in range(arch.num_experts)
+                                                 for p in ("gate", "up", "down")],
+              "mixtral": ["block_sparse_moe.gate.weight"] + [f"block_sparse_moe.experts.{e}.w{w}.weight"
+                                                              for e in range(arch.num_experts) for w in (1, 2, 3)]}
     top = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if family == "llama_tied" else ["lm_head.weight"])
-    return set(top) | {f"model.layers.{i}.{n}" for i in range(ARCHS[family].num_layers) for n in layer}
+    names = set(top)
+    for i in range(arch.num_layers):
+        mlp = sparse[family] if family in sparse and i not in arch.dense_layers else dense
+        names |= {f"model.layers.{i}.{n}" for n in layer + mlp}
+    return names
 
 
 @pytest.mark.parametrize("family", sorted(ARCHS))

@@ -115,3 +115,48 @@ def test_gpu_switch_sets_te_fp8_bf16_and_fused_kernels(monkeypatch):
     assert (drop["hidden_dropout"], drop["attention_dropout"]) == (0.1, 0.1)
     with pytest.raises(ValueError, match="model.dropout"):
         ModelConfig(dropout=1.0)
+
+
+def test_moe_families_from_the_published_configs():
+    import json
+    from pathlib import Path
+
+    import megatron_apriel
+
+    conf = Path(megatron_apriel.__file__).parent / "conf" / "models"
+    a3b = ModelArch.from_hf_dir(conf / "qwen3_30b_a3b")
+    assert (a3b.family, a3b.num_experts, a3b.moe_top_k, a3b.moe_ffn_hidden_size, a3b.ffn_hidden_size) == \
+        ("qwen3_moe", 128, 8, 768, 6144)
+    assert a3b.norm_topk_prob and a3b.qk_norm and a3b.moe_layers == list(range(48)) and not a3b.dense_layers
+    cfg = json.loads((conf / "qwen3_30b_a3b" / "config.json").read_text())
+    sparse_step = ModelArch.from_hf_config(dict(cfg, decoder_sparse_step=2, mlp_only_layers=[5]))
+    assert sparse_step.dense_layers == sorted(set(range(0, 48, 2)) | {5})  # sparse: (i + 1) % 2 == 0, i != 5
+    unnormalised = ModelArch.from_hf_config(dict(cfg, norm_topk_prob=False))  # Qwen3MoeConfig's default
+    assert not unnormalised.norm_topk_prob
+    mixtral = ModelArch.from_hf_config(dict(MISTRAL_TEXT, model_type="mixtral", num_local_experts=8,
+                                            num_experts_per_tok=2, router_jitter_noise=0.0))
+    assert (mixtral.num_experts, mixtral.moe_ffn_hidden_size, mixtral.norm_topk_prob) == (8, 14336, True)
+
+
+MIXTRAL = dict(MISTRAL_TEXT, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"router_jitter_noise": 0.01}, "router_jitter_noise=0.01 is not supported"),
+    ({"scoring_func": "sigmoid"}, "router scoring 'sigmoid'"),
+    ({"n_shared_experts": 1}, "shared experts"),
+    ({"num_experts_per_tok": 1}, "moe_top_k=1 with norm_topk_prob"),
+    ({"num_experts_per_tok": 9}, "moe_top_k must be in"),
+])
+def test_moe_refusals(change, message):
+    with pytest.raises(ValueError, match=message):
+        ModelArch.from_hf_config(dict(MIXTRAL, **change))
+
+
+def test_dense_layers_must_leave_a_sparse_one():
+    with pytest.raises(ValueError, match="no MoE layer"):
+        ModelArch(family="qwen3_moe", num_layers=2, num_experts=4, moe_top_k=2, moe_ffn_hidden_size=8,
+                  dense_layers=[0, 1])
+    with pytest.raises(ValueError, match="a Mixtral model has no dense layers"):
+        ModelArch(family="mixtral", num_layers=2, num_experts=4, moe_top_k=2, moe_ffn_hidden_size=8,
+                  dense_layers=[0])

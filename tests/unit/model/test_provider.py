@@ -32,8 +32,22 @@ def test_bf16_logits_without_the_option(ctx):
     assert model(torch.randint(0, 512, (1, 4)), torch.arange(4)[None], None).dtype == torch.bfloat16
 
 
-def test_sequence_parallel_needs_transformer_engine(ctx):
+def test_moe_under_tensor_parallelism_needs_sequence_parallelism(ctx):
     import dataclasses
 
-    with pytest.raises(ValueError, match="sequence_parallel=true needs the Transformer Engine"):
-        build_model(ModelConfig(arch=ModelArch()), dataclasses.replace(ctx, sequence_parallel=True))
+    from megatron_apriel.parallel.dims import ParallelDims
+
+    moe = ModelArch(family="mixtral", num_experts=4, moe_top_k=2, moe_ffn_hidden_size=32)
+    tp2 = dataclasses.replace(ctx, dims=ParallelDims(tp=2, pp=1, dp=1))
+    with pytest.raises(ValueError, match="needs parallel.sequence_parallel=true"):
+        build_model(ModelConfig(arch=moe), tp2)
+
+
+def test_local_norms_are_marked_for_sequence_parallel_gradients(ctx):
+    """Under sequence parallelism Megatron sums the gradients of weights marked so over the TP ranks."""
+    from megatron_apriel.model.norm import LocalRMSNorm
+
+    model = build_model(ModelConfig(arch=ModelArch(family="qwen3", qk_norm=True)), ctx)
+    norms = [m for m in model.modules() if isinstance(m, LocalRMSNorm)]
+    assert len(norms) == 2 * 4 + 1  # per layer: input, pre-MLP, q and k norms; then the final norm
+    assert all(n.weight.sequence_parallel is False for n in norms)  # this model runs without it

@@ -8,22 +8,17 @@ storages behind the parameters, their main grads and the optimizer's tensors
 """
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.parallel.rendezvous import free_port
+from tests.unit.conftest import run_dist
 from megatron_apriel.plan.buffers import state_bytes
 from megatron_apriel.plan.params import StageShape, stage_params
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own
 
-REPO = Path(__file__).resolve().parents[3]
 QWEN2 = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=24, qkv_bias=True)
 QWEN3_TIED = ModelArch(family="qwen3", vocab_size=300, hidden_size=48, ffn_hidden_size=80, num_layers=4, num_heads=4,
@@ -41,12 +36,7 @@ def _launch(tmp, cases, ranks: int) -> dict:
     spec = {"cases": [{"name": n, "arch": asdict(a), "tp": tp, "pp": pp, "precision": prec}
                       for n, a, tp, pp, prec in cases]}
     (tmp / f"spec{ranks}.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
-           str(free_port()), str(REPO / "tests/dist/plan_memory.py"), str(tmp / f"spec{ranks}.json"),
-           str(tmp / f"out{ranks}.json")]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_dist("plan_memory.py", str(tmp / f"spec{ranks}.json"), str(tmp / f"out{ranks}.json"), ranks=ranks, timeout=600)
     return json.loads((tmp / f"out{ranks}.json").read_text())
 
 

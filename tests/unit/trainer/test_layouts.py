@@ -1,37 +1,29 @@
-"""TP=1 (DP=2), TP=2 and PP=2, padded and packed: same log-probs, loss and updated weights; and
+"""TP=1 (DP=2), TP=2 (also with sequence parallelism) and PP=2, padded and packed: same log-probs,
+loss and updated weights; and
 TP=1 against an independent single-process computation (transformers), so that a bug every
 layout shares cannot pass.
 
 Runs tests/dist/layouts.py under ``torchrun --nproc_per_node 2`` (gloo, real Megatron-Core).
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from megatron_apriel.convert.mapping import canonical_to_hf
-from megatron_apriel.parallel.rendezvous import free_port
+from tests.unit.conftest import run_dist
 from tests.dist.layouts import ARCH, GSPO, samples
 from tests.unit.trainer.test_loss import reference_gspo
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own
 
-ROOT = Path(__file__).resolve().parents[3]
 ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("layouts") / "results.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(ROOT / "tests" / "dist" / "layouts.py"), str(out)]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_dist("layouts.py", str(out))
     return torch.load(out, weights_only=False)
 
 
@@ -40,7 +32,8 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("name", ["gspo/tp2", "gspo/pp2", "gspo/tp1_dp2_packed", "gspo/tp2_packed", "gspo/pp2_packed"])
+@pytest.mark.parametrize("name", ["gspo/tp2", "gspo/pp2", "gspo/tp1_dp2_packed", "gspo/tp2_packed", "gspo/pp2_packed",
+                                  "gspo/tp2_sp", "gspo/tp2_sp_packed"])
 def test_logprobs_loss_and_step_agree_across_layouts(results, name):
     base, other = results["gspo/tp1_dp2"], results[name]
     assert len(base["logp"]) == 8
