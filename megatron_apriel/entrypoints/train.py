@@ -43,7 +43,8 @@ def _local_source(run: RunConfig, ctx, parts):
 def _stream_source(run: RunConfig, ctx, parts):
     from megatron_apriel.trainer.source import StreamSource
 
-    return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix)
+    return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix,
+                        moe_layers=parts.arch.moe_layers or None)
 
 
 def _replay_source(run: RunConfig, ctx, parts):
@@ -53,7 +54,8 @@ def _replay_source(run: RunConfig, ctx, parts):
     if not list_segments(Path(run.rollout.replay_from)):
         raise ValueError(f"rollout.replay_from={run.rollout.replay_from} holds no rollout segments: give an earlier "
                          "run's rollouts/ directory.")
-    return StreamSource(run.rollout.replay_from, run.rollout, ctx, run.actor.sampler.mix, replay=True)
+    return StreamSource(run.rollout.replay_from, run.rollout, ctx, run.actor.sampler.mix, replay=True,
+                        moe_layers=parts.arch.moe_layers or None)
 
 
 ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source, "replay": _replay_source}

@@ -52,14 +52,26 @@ def child_overrides(run: RunConfig, argv: list[str]) -> list[str]:
     return [a for a in argv if not a.startswith(LAUNCHER_ONLY)] + [f"run_dir={run.run_dir}"]
 
 
+def serves_moe(run: RunConfig) -> bool:
+    """Whether the fleet serves a mixture of experts (the tiny base's setting when it is built here)."""
+    if run.tiny_base.enabled:
+        return run.tiny_base.num_experts > 0
+    return bool(run.model.hf_path) and run.model.resolve_arch().is_moe
+
+
 def server_flags(run: RunConfig) -> list[str]:
-    """``fleet.vllm_args`` plus what follows from the run: the context length and the seed."""
+    """``fleet.vllm_args`` plus what follows from the run: the context length, the seed and, for a
+    mixture of experts, the experts each token was routed to (apriel-serve's flag: replayed by the
+    trainer with ``rollout.routing_replay``, and compared with its own routing either way)."""
     args = run.fleet.server_args
     need = run.actor.max_prompt_tokens + run.rewards.max_len
     if args.max_model_len is not None and args.max_model_len < need:
         raise ValueError(f"fleet.vllm_args sets --max-model-len {args.max_model_len} < actor.max_prompt_tokens + "
                          f"rewards.max_len = {need}; raise it or lower one of those.")
-    return list(args.with_default("--max-model-len", str(need)).with_default("--seed", str(run.seed)).argv)
+    args = args.with_default("--max-model-len", str(need)).with_default("--seed", str(run.seed))
+    if serves_moe(run):
+        args = args.with_default("--return-routed-experts")
+    return list(args.argv)
 
 
 def components(run: RunConfig, argv: list[str]) -> list[Component]:

@@ -20,18 +20,21 @@ def describe(run: RunConfig, components: list[Component]) -> str:
     if arch is not None:
         arch.check_sequence_length(run.trainer.seq_len)
         params = sum(math.prod(s) for s in canonical_shapes(arch).values())
+        experts = (f", {arch.num_experts} experts top-{arch.moe_top_k} in {len(arch.moe_layers)} layers"
+                   if arch.is_moe else "")
         lines.append(f"model: {run.model.hf_path or 'inline arch'} ({arch.family}, {arch.num_layers} layers, hidden "
-                     f"{arch.hidden_size}, {params / 1e9:.2f}B parameters)")
+                     f"{arch.hidden_size}{experts}, {params / 1e9:.2f}B parameters)")
     world = run.launch.nnodes * run.launch.nproc_per_node
     dims = ParallelDims.resolve(run.parallel, world)
     lines.append(f"trainer: {run.launch.nnodes} node(s) x {run.launch.nproc_per_node} rank(s) = TP {dims.tp} x "
-                 f"PP {dims.pp} x DP {dims.dp}; "
+                 f"PP {dims.pp} x DP {dims.dp}{f' (experts: EP {dims.ep})' if dims.ep > 1 else ''}; "
                  f"{run.trainer.steps} steps of {run.rollout.groups_per_step} groups x G={run.rollout.group_size}; "
                  f"seq_len {run.trainer.seq_len}, packing={run.trainer.packing}")
     if run.rollout.source == "fleet":
         lines.append(f"rollouts: vLLM fleet -> actor -> {run.run_dir}/rollouts; budget {run.rewards.max_len} tokens, "
                      f"temperature {run.loss.temperature}, max_lag {run.rollout.max_lag}, "
-                     f"mix {run.actor.sampler.mix}")
+                     f"mix {run.actor.sampler.mix}"
+                     f"{', routing replay' if run.rollout.routing_replay and dims.ep and arch and arch.is_moe else ''}")
         lines.append(f"weight sync: every step, backend {run.weight_sync.backend}, buckets of "
                      f"{run.weight_sync.bucket_bytes / 2**20:.0f} MiB, stage ports from {run.weight_sync.base_port}")
         if run.fleet.servers:

@@ -17,6 +17,12 @@ tensors outside attention and the MLP are split over ``t`` as well). ``kernels``
 - the head: the final norm and output-layer inputs, and for the log-prob the fp32 softmax over
   the local vocabulary; at its peak the logits and their fp32 copy coexist with it.
 
+A mixture of experts' sparse layer replaces the dense MLP's tensors with its experts': each token is
+sent to ``k`` experts (the dispatcher keeps the permuted copies, ``k*h`` per token, and the
+experts each keep fc1's input, SwiGLU's three tensors and fc2's input at the expert width ``fe``:
+``k*(2h + 5fe)`` per token), assuming the tokens balanced over the experts; the dispatcher's
+communication buffers and an imbalanced routing are not counted (marked as estimates).
+
 Recomputation: ``selective`` re-runs core attention (only rotated q, k and the qkv output are
 kept); ``full`` keeps each layer's input and rebuilds one layer at a time in backward. This is
 an estimate: allocator rounding, backward temporaries and communication buffers are not
@@ -64,8 +70,8 @@ def _attention(arch: ModelArch, a: ActivationShape, recompute: str | None) -> fl
     return rope + B * (2 * nq * d // t + v) + softmax + s
 
 
-def layer_bytes(arch: ModelArch, a: ActivationShape, recompute: str | None = None) -> float:
-    """Bytes one decoder layer keeps for one micro-batch."""
+def layer_bytes(arch: ModelArch, a: ActivationShape, recompute: str | None = None, layer: int = 0) -> float:
+    """Bytes decoder layer ``layer`` keeps for one micro-batch."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
     h, f, t, B = arch.hidden_size, arch.ffn_hidden_size // a.tp, a.tp, a.dtype_bytes
@@ -73,9 +79,13 @@ def layer_bytes(arch: ModelArch, a: ActivationShape, recompute: str | None = Non
     if recompute == "full":
         return a.tokens * B * h / split
     norm = (2 * B * h if a.kernels == "local" else B * h) + FP32  # input (+ normed input), 1/rms
+    attention = _attention(arch, a, recompute)
+    if arch.is_moe_layer(layer):  # each token's k copies through the experts (tokens split over TP)
+        experts = arch.moe_top_k * B * (2 * h + 5 * arch.moe_ffn_hidden_size) / split
+        linears = B * (h / split + arch.num_heads * arch.head_dim // t)  # qkv, proj inputs
+        return a.tokens * (2 * norm / split + linears + experts + attention)
     linears = B * (2 * h / split + arch.num_heads * arch.head_dim // t + f)  # qkv, fc1, proj, fc2 inputs
     swiglu = B * 4 * f
-    attention = _attention(arch, a, recompute)
     return a.tokens * (2 * norm / split + linears + swiglu + attention)
 
 
@@ -91,9 +101,10 @@ def head_bytes(arch: ModelArch, a: ActivationShape, vocab_divisible_by: int = 12
 def stage_activation_bytes(arch: ModelArch, a: ActivationShape, *, pp: int, stage: int,
                            recompute: str | None) -> float:
     """Activations held on ``stage`` at the 1F1B peak: ``pp - stage`` micro-batches in flight."""
-    layers = arch.num_layers // pp
-    per_mb = layers * layer_bytes(arch, a, recompute)
+    per_stage = arch.num_layers // pp
+    layers = range(stage * per_stage, (stage + 1) * per_stage)
+    per_mb = sum(layer_bytes(arch, a, recompute, i) for i in layers)
     held = (pp - stage) * per_mb
     if recompute == "full":  # backward rebuilds one layer at a time
-        held += layer_bytes(arch, a, None)
+        held += max(layer_bytes(arch, a, None, i) for i in layers)
     return held

@@ -8,6 +8,9 @@ dtype (the local spec's norms stay fp32 in a bf16 model, so it has two), starts 
 model's weights become views into a param buffer of that size and the gradients live in a grad
 buffer of that size (``megatron/core/distributed/param_and_grad_buffer.py``).
 
+A mixture of experts' expert weights live in buffers of their own, sharded over the expert
+data-parallel group (``tp * dp / ep`` ranks) instead of the data-parallel one.
+
 The distributed optimizer gives data-parallel rank ``r`` the ``r``-th equal slice of every bucket
 and keeps, for the parameter elements inside its slice (padding excluded): an fp32 master copy
 when the weights are not fp32 (fp32 weights are updated in place), and Adam's ``exp_avg`` and
@@ -22,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.plan.params import StageShape, element_bytes, is_shared_embedding, stage_params
+from megatron_apriel.plan.params import StageShape, element_bytes, is_expert, is_shared_embedding, stage_params
 
 PARAM_ALIGN = 64
 FP32 = 4
@@ -94,12 +97,10 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
-def state_bytes(arch: ModelArch, where: StageShape, dp: int, dp_rank: int, param_bytes: int,
-                grad_bytes: int = FP32, step_counter_bytes: int = FP32) -> StateBytes:
-    """What one (tp rank, stage, dp rank) allocates for its parameters with the distributed optimizer."""
-    params = stage_params(arch, where)
-    own = {name for name, _ in params if is_shared_embedding(arch, where, name)}
-    by_dtype: dict[int, list[tuple[str, int]]] = {}  # one buffer per dtype, in order of first appearance
+def _buffers(params: list[tuple[str, int]], where: StageShape, own: set[str], dp: int, dp_rank: int,
+             param_bytes: int, grad_bytes: int, step_counter_bytes: int) -> StateBytes:
+    """One DDP buffer set (one buffer per dtype, in order of first appearance) sharded over ``dp``."""
+    by_dtype: dict[int, list[tuple[str, int]]] = {}
     for name, numel in params:
         by_dtype.setdefault(element_bytes(name, where, param_bytes), []).append((name, numel))
     weights = grads = master = adam = counters = 0
@@ -114,6 +115,40 @@ def state_bytes(arch: ModelArch, where: StageShape, dp: int, dp_rank: int, param
     return StateBytes(weights=weights, grads=grads, master=master, adam=adam, step_counters=counters)
 
 
-def worst_rank_state(arch: ModelArch, where: StageShape, dp: int, param_bytes: int, **kw) -> StateBytes:
-    """The data-parallel rank with the most optimizer state (shards differ by the padding)."""
-    return max((state_bytes(arch, where, dp, r, param_bytes, **kw) for r in range(dp)), key=lambda s: s.total)
+def _add(a: StateBytes, b: StateBytes) -> StateBytes:
+    return StateBytes(*(x + y for x, y in zip(
+        (a.weights, a.grads, a.master, a.adam, a.step_counters), (b.weights, b.grads, b.master, b.adam, b.step_counters))))
+
+
+def _parts(arch: ModelArch, where: StageShape) -> tuple[list, set, list]:
+    params = stage_params(arch, where)
+    own = {name for name, _ in params if is_shared_embedding(arch, where, name)}
+    return [p for p in params if not is_expert(p[0])], own, [p for p in params if is_expert(p[0])]
+
+
+def state_bytes(arch: ModelArch, where: StageShape, dp: int, dp_rank: int, param_bytes: int,
+                grad_bytes: int = FP32, step_counter_bytes: int = FP32, expert_dp_rank: int = 0) -> StateBytes:
+    """What one (tp rank, stage, dp rank) allocates for its parameters with the distributed
+    optimizer; a MoE stage's experts are sharded over ``tp * dp / ep`` ranks (this rank being
+    ``expert_dp_rank`` of them)."""
+    dense, own, experts = _parts(arch, where)
+    sizes = (param_bytes, grad_bytes, step_counter_bytes)
+    out = _buffers(dense, where, own, dp, dp_rank, *sizes)
+    if experts:
+        out = _add(out, _buffers(experts, where, set(), where.tp * dp // where.ep, expert_dp_rank, *sizes))
+    return out
+
+
+def worst_rank_state(arch: ModelArch, where: StageShape, dp: int, param_bytes: int, grad_bytes: int = FP32,
+                     step_counter_bytes: int = FP32) -> StateBytes:
+    """The rank with the most state: the data-parallel rank with the most dense optimizer state
+    (shards differ by the padding) and, for a MoE stage, the expert-DP rank with the most expert
+    state (taken independently: exact per part, an upper bound by a few padding bytes overall)."""
+    dense, own, experts = _parts(arch, where)
+    sizes = (param_bytes, grad_bytes, step_counter_bytes)
+    out = max((_buffers(dense, where, own, dp, r, *sizes) for r in range(dp)), key=lambda s: s.total)
+    if experts:
+        expert_dp = where.tp * dp // where.ep
+        out = _add(out, max((_buffers(experts, where, set(), expert_dp, r, *sizes) for r in range(expert_dp)),
+                            key=lambda s: s.total))
+    return out

@@ -1,6 +1,8 @@
 """Every valid trainer layout for a model and a cluster, its memory per GPU, and a recommendation.
 
-Per GPU and pipeline stage: weights, gradients and distributed-optimizer state are exact (see
+A mixture of experts adds the expert-parallel size ``ep`` (dividing the experts and tp * dp; MoE
+under tp > 1 needs sequence parallelism, as Megatron does). Per GPU and pipeline stage: weights,
+gradients and distributed-optimizer state are exact (see
 :mod:`.buffers`; the worst data-parallel rank); activations are an estimate (see
 :mod:`.activations`) for one packed row of ``seq_len`` tokens per micro-batch, with ``pp - stage``
 micro-batches in flight under 1F1B; the last stage adds the log-prob head. A layout fits with a
@@ -39,6 +41,7 @@ class Layout:
     tp: int
     pp: int
     dp: int
+    ep: int = 1
     weights_gib: float = 0.0
     grads_gib: float = 0.0
     optimizer_gib: float = 0.0
@@ -59,25 +62,35 @@ def _key(recompute) -> str:
     return recompute or "none"
 
 
-def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int) -> list[tuple[int, int, int]]:
-    """(tp, pp, dp) with tp inside a node dividing the heads, KV heads and MLP, pp dividing the layers."""
+def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int,
+                      sequence_parallel: bool = True) -> list[tuple[int, int, int, int]]:
+    """(tp, pp, dp, ep) with tp inside a node dividing the heads, KV heads and MLP, pp dividing the
+    layers, and for a MoE model ep dividing the experts and tp * dp (tp > 1 only with sequence
+    parallelism)."""
     out = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node):
         if arch.num_heads % tp or arch.num_kv_heads % tp or arch.ffn_hidden_size % tp:
             continue
+        if arch.is_moe and tp > 1 and not sequence_parallel:
+            continue
         for pp in range(1, arch.num_layers + 1):
-            if arch.num_layers % pp == 0 and gpus % (tp * pp) == 0:
-                out.append((tp, pp, gpus // (tp * pp)))
+            if arch.num_layers % pp or gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            eps = [e for e in range(1, arch.num_experts + 1) if arch.num_experts % e == 0 and (tp * dp) % e == 0]
+            out += [(tp, pp, dp, ep) for ep in (eps if arch.is_moe else [1])]
     return out
 
 
-def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, usable_gib: float) -> Layout:
+def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, usable_gib: float,
+                ep: int = 1) -> Layout:
     act = ActivationShape(tokens=s.seq_len, tp=tp, dtype_bytes=s.param_bytes,
                           sequence_parallel=s.sequence_parallel and tp > 1, kernels=s.kernels)
     head = head_bytes(arch, act, s.vocab_divisible_by)
-    layout = Layout(tp, pp, dp, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
-    stages = sorted({0, pp // 2, pp - 1})  # the middle stages are alike
-    states = {st: worst_rank_state(arch, StageShape(tp, pp, st, s.spec, s.vocab_divisible_by), dp, s.param_bytes)
+    layout = Layout(tp, pp, dp, ep, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
+    # the middle stages are alike (a MoE model's dense layers may sit anywhere: every stage then)
+    stages = sorted({0, pp // 2, pp - 1}) if not arch.dense_layers else list(range(pp))
+    states = {st: worst_rank_state(arch, StageShape(tp, pp, st, s.spec, s.vocab_divisible_by, ep), dp, s.param_bytes)
               for st in stages}
     worst = max(states.values(), key=lambda x: x.total)
     layout.weights_gib, layout.grads_gib, layout.optimizer_gib = (worst.weights / GIB, worst.grads / GIB,
@@ -94,13 +107,15 @@ def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, 
 
 
 def plan_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, s: TrainerSettings, usable_gib: float) -> list[Layout]:
-    return [size_layout(arch, tp, pp, dp, s, usable_gib) for tp, pp, dp in candidate_layouts(arch, gpus, gpus_per_node)]
+    return [size_layout(arch, tp, pp, dp, s, usable_gib, ep)
+            for tp, pp, dp, ep in candidate_layouts(arch, gpus, gpus_per_node, s.sequence_parallel)]
 
 
 def recommend(layouts: list[Layout]) -> tuple[Layout, str] | None:
     """The fitting layout with the least recomputation, then the most data parallelism, then the
-    fewest pipeline stages (fewer bubbles); None when nothing fits."""
-    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.tp * lay.pp, lay.pp, lay.tp, rec, i)
+    fewest pipeline stages (fewer bubbles), then the smallest expert parallelism (less token
+    exchange); None when nothing fits."""
+    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.tp * lay.pp, lay.pp, lay.tp, lay.ep, rec, i)
                for i, lay in enumerate(layouts) for rec in lay.fits[:1]]
     if not options:
         return None

@@ -8,7 +8,8 @@ group is generated and verified):
 4. advantages over the group (leave-one-out by default);
 5. the drop rule: a verifier failure drops the group (no training on a verdict nobody knows); so
    does a group whose advantages are all ~0 (dynamic sampling), when that filter is on;
-6. the record, with each verifier note kept (``DETAIL_CHARS``).
+6. the record, with each verifier note kept (``DETAIL_CHARS``) and, from a server that returns
+   them, the experts each token was routed to (for rollout routing replay).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
                                      task_reward)
 from megatron_apriel.rollout.client import Completion
-from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup
+from megatron_apriel.rollout.types import (DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup,
+                                           RoutedExperts)
 
 
 def build_group(*, problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,
@@ -36,7 +38,8 @@ def build_group(*, problem: Problem, prompt_ids: list[int], completions: list[Co
     rollouts = [Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                         finish_reason=c.finish_reason, outcome=r.outcome, detail=r.detail[:DETAIL_CHARS],
                         score=r.score, success=ok,
-                        reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts)
+                        reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts,
+                        routed_experts=None if c.routed_experts is None else RoutedExperts.from_array(c.routed_experts))
                 for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
     return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
                         rollouts=rollouts, admitted_version=admitted_version, dropped=dropped, timings=timings)

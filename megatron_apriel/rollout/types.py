@@ -87,10 +87,11 @@ class Outcome(str, enum.Enum):
 
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Format version of `RolloutGroup` written now; a reader refuses any it does not know (old runs are
-not silently misread). 2: rollouts carry the verifier's ``detail``; 1 (without it) is still read."""
-READ_SCHEMA_VERSIONS = (1, 2)
+not silently misread). 3: rollouts may carry their ``routed_experts``; 2: the verifier's
+``detail``; 1 and 2 (without them) are still read."""
+READ_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 def _encode_array(values, dtype: str) -> str:
@@ -135,6 +136,36 @@ class _Record(BaseModel):
         return hash(self.model_dump_json())
 
 
+class RoutedExperts(_Record):
+    """The experts vLLM routed each token of a sequence to, as its server returned them: ``[prompt +
+    completion - 1, num_hidden_layers, top_k]`` expert ids (the last sampled token never ran through
+    the model; a dense layer's rows are zeros). Stored as base64 of the ids in the narrowest
+    unsigned type (1 byte per token, layer and k up to 256 experts)."""
+
+    shape: tuple[int, int, int]
+    dtype: Literal["uint8", "uint16"]
+    data: str
+    """Base64 of the C-ordered ids."""
+
+    @classmethod
+    def from_array(cls, ids: np.ndarray) -> "RoutedExperts":
+        if ids.ndim != 3 or ids.dtype.name not in ("uint8", "uint16"):
+            raise ValueError(f"routed experts must be [tokens, layers, k] uint8/uint16, got {ids.shape} {ids.dtype}.")
+        return cls(shape=ids.shape, dtype=ids.dtype.name,
+                   data=base64.b64encode(np.ascontiguousarray(ids).tobytes()).decode("ascii"))
+
+    def array(self) -> np.ndarray:
+        out = np.frombuffer(base64.b64decode(self.data), dtype=self.dtype).reshape(self.shape)
+        out.flags.writeable = False
+        return out
+
+    @model_validator(mode="after")
+    def _size(self):
+        if len(base64.b64decode(self.data)) != int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize:
+            raise ValueError(f"routed experts data does not hold {self.shape} {self.dtype} ids.")
+        return self
+
+
 class VersionSpan(_Record):
     """Completion tokens ``[start, end)`` were sampled by the weights of ``version``."""
 
@@ -167,6 +198,9 @@ class Rollout(_Record):
     advantage: float
     server: str = ""
     attempts: int = Field(default=1, ge=1)
+    routed_experts: Optional[RoutedExperts] = None
+    """The experts vLLM routed the prompt and completion tokens to (``apriel-serve
+    --return-routed-experts``, for rollout routing replay); None: not recorded."""
 
     @model_validator(mode="after")
     def _aligned(self):
@@ -225,6 +259,11 @@ class RolloutGroup(_Record):
         if self.schema_version not in READ_SCHEMA_VERSIONS:
             raise ValueError(f"rollout group schema {self.schema_version}, this reader speaks {READ_SCHEMA_VERSIONS}; "
                              "read the stream with the megatron_apriel version that wrote it.")
+        for r in self.rollouts:
+            if r.routed_experts is not None and r.routed_experts.shape[0] != len(self.prompt_ids) + r.length - 1:
+                raise ValueError(f"routed experts of {r.routed_experts.shape[0]} tokens for a prompt of "
+                                 f"{len(self.prompt_ids)} and a completion of {r.length} (expected prompt + "
+                                 "completion - 1).")
         return self
 
     @property
@@ -232,17 +271,35 @@ class RolloutGroup(_Record):
         """The oldest weights any of its tokens came from: the group's lag is measured from it."""
         return min(r.first_version for r in self.rollouts)
 
-    def train_sample(self, index: int, version: int) -> "TrainSample":
+    def train_sample(self, index: int, version: int, moe_layers: Optional[Sequence[int]] = None,
+                     need_routing: bool = False) -> "TrainSample":
         """Rollout ``index`` as a `TrainSample`, for a step that trains the weights of ``version``
-        (its arrays are the sample's own: the record's stay read-only)."""
+        (its arrays are the sample's own: the record's stay read-only). ``moe_layers``: a MoE
+        model's sparse layers, whose routed experts the sample then carries (if recorded;
+        ``need_routing``: an error if not)."""
         r = self.rollouts[index]
+        routing = None
+        if moe_layers is not None and r.routed_experts is not None:
+            routing = routing_rows(r.routed_experts.array(), moe_layers)
+        elif need_routing:
+            raise ValueError(f"group {self.seq} ({self.problem_id}) has no routed experts, which "
+                             "rollout.routing_replay=true replays: serve the model with `apriel-serve "
+                             "--return-routed-experts` (the launchers add it when rollout.routing_replay is on).")
         return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
                            r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
-                           group=self.seq)
+                           group=self.seq, routing=routing)
 
     def train_samples(self, version: int) -> list["TrainSample"]:
         """One `TrainSample` per rollout (see `train_sample`)."""
         return [self.train_sample(i, version) for i in range(len(self.rollouts))]
+
+
+def routing_rows(ids_TLK: np.ndarray, moe_layers: Sequence[int]) -> np.ndarray:
+    """vLLM's ``[tokens - 1, num_hidden_layers, k]`` routed experts -> the trainer's ``[tokens,
+    len(moe_layers), k]`` int16: the sparse layers only, and a ``-1`` row for the last token (never
+    routed: the trainer's router picks for it, and nothing is scored at that position)."""
+    rows = ids_TLK[:, list(moe_layers)].astype(np.int16)
+    return np.concatenate([rows, np.full((1, *rows.shape[1:]), -1, dtype=np.int16)])
 
 
 @dataclass

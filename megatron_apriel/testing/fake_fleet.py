@@ -11,11 +11,15 @@ actor's tests and by ``benchmarks/loop.py`` (the actor's own overhead per rollou
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import random
 import re
+from typing import Optional
 
 import httpx
+import numpy as np
 
 from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
 
@@ -36,11 +40,15 @@ class ByteTokenizer:
 
 
 class FakeFleet:
-    def __init__(self, accuracy: float = 0.5, seed: int = 0, max_delay_s: float = 0.0):
-        """``max_delay_s``: each generation takes a uniform random time up to this (0: instant)."""
+    def __init__(self, accuracy: float = 0.5, seed: int = 0, max_delay_s: float = 0.0,
+                 routed_experts: Optional[tuple[int, int, int]] = None):
+        """``max_delay_s``: each generation takes a uniform random time up to this (0: instant).
+        ``routed_experts``: (layers, top_k, experts): each choice also carries random routed experts
+        in vLLM's format (``apriel-serve --return-routed-experts``)."""
         self.accuracy, self.version, self.max_delay_s = accuracy, 0, max_delay_s
         self.rng = random.Random(seed)
         self.requests = 0
+        self.routed_experts = routed_experts
 
     def _answer(self, prompt: str) -> list[int]:
         m = _SUM.search(prompt)
@@ -61,10 +69,21 @@ class FakeFleet:
         choices = []
         for i in range(body["sampling_params"]["n"]):
             tokens = self._answer(prompt)
-            choices.append({"index": i, "finish_reason": "stop", "token_ids": tokens,
-                            "weight_versions": [{"version": label, "start": 0, "end": len(tokens)}],
-                            "logprobs": {"content": [{"token_id": t, "logprob": -0.01 * (t % 7)} for t in tokens]}})
+            choice = {"index": i, "finish_reason": "stop", "token_ids": tokens,
+                      "weight_versions": [{"version": label, "start": 0, "end": len(tokens)}],
+                      "logprobs": {"content": [{"token_id": t, "logprob": -0.01 * (t % 7)} for t in tokens]}}
+            if self.routed_experts is not None:
+                choice["routed_experts"] = self._routed(len(body["token_ids"]) + len(tokens) - 1)
+            choices.append(choice)
         return httpx.Response(200, json={"choices": choices})
+
+    def _routed(self, rows: int) -> str:
+        """Random expert ids ``[rows, layers, k]`` as vLLM returns them (base64 ``.npy``, uint8)."""
+        layers, k, experts = self.routed_experts
+        ids = np.array([self.rng.sample(range(experts), k) for _ in range(rows * layers)], dtype=np.uint8)
+        buf = io.BytesIO()
+        np.save(buf, ids.reshape(rows, layers, k), allow_pickle=False)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)

@@ -4,7 +4,8 @@ A random 2-layer model cannot produce a single well-formed answer, so RL would h
 ``build_warm_base`` therefore writes, into one directory:
 - ``addition.jsonl``: single-digit additions as math-domain problems ("What is 3 + 5?" with the
   usual ``\\boxed{}`` instruction), scored by the real math verifier;
-- a tiny Llama checkpoint and tokenizer (``tiny/model.py``; the tokenizer also sees the
+- a tiny Llama (or, with ``tiny_base.num_experts``, Qwen3-MoE) checkpoint and tokenizer
+  (``tiny/model.py``; the tokenizer also sees the
   task's text, so an answer is ~10 tokens instead of ~40), briefly trained with teacher forcing on
   answers in Apriel's output format ``[BEGIN FINAL RESPONSE]\\boxed{8}[END FINAL RESPONSE]``.
 
@@ -81,7 +82,7 @@ def _sft(model, tok, problems: list[Problem], cfg: TinyBaseConfig) -> None:
 def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
     """Write problems, tokenizer and warm-started weights into ``out_dir`` (once; atomic)."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from megatron_apriel.tiny.model import TinySpec, build_tiny_model
 
@@ -93,12 +94,12 @@ def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
     problems = addition_problems(cfg.max_operand)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    build_tiny_model(staging, TinySpec(seed=cfg.seed), extra_corpus=_task_corpus(problems))
+    build_tiny_model(staging, TinySpec(seed=cfg.seed, num_experts=cfg.num_experts), extra_corpus=_task_corpus(problems))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(staging)
     torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM.from_pretrained(staging, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32)
     _sft(model, tok, problems, cfg)
     model.save_pretrained(staging, safe_serialization=True)
     write_problems(staging / PROBLEMS_FILE, problems)

@@ -19,7 +19,11 @@ class TinyBaseConfig:
     sft_lr: float = 3e-3
     sft_batch: int = 32
     seed: int = 0
+    num_experts: int = 0
+    """0: the base is a tiny Llama; else a tiny Qwen3-MoE with this many experts (top-2) per layer."""
 
     def __post_init__(self) -> None:
+        if self.num_experts == 1 or self.num_experts < 0:
+            raise ValueError("tiny_base.num_experts must be 0 (a dense base) or >= 2 (top-2 routing).")
         if self.max_operand < 1 or self.sft_steps < 0 or self.sft_batch < 1 or self.sft_lr <= 0:
             raise ValueError("tiny_base.max_operand and sft_batch must be >= 1, sft_steps >= 0, sft_lr > 0.")

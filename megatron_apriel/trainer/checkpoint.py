@@ -69,7 +69,33 @@ def _set_rng_state(state: dict) -> None:
 
 def _sharded(chunks, optimizer, loading: bool) -> dict:
     model = chunks[0].module.sharded_state_dict()  # the bare GPTModel's keys, as the converter writes them
-    return {"model": model, "optimizer": optimizer.sharded_state_dict(model, is_loading=loading, metadata=_OPTIM_METADATA)}
+    optim = optimizer.sharded_state_dict(model, is_loading=loading, metadata=_OPTIM_METADATA)
+    if not loading:
+        _zero_padding(optim)
+    return {"model": model, "optimizer": optim}
+
+
+def _zero_padding(node) -> None:
+    """Zero the padding Megatron writes between parameters in the optimizer's bucket tensors.
+
+    The ``dp_reshardable`` format covers each bucket whole: the gaps between parameters (a
+    parameter starts at a multiple of 64 elements) are ``torch.empty`` tensors, marked
+    ``padding``, so a checkpoint held whatever bytes that memory had (seen: 1e26). Nothing reads them
+    back, but two saves of the same state then differ; zeroed, a checkpoint is a function of the
+    training state alone."""
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensor
+
+    if isinstance(node, dict):
+        flag = node.get("padding")
+        if isinstance(flag, LocalNonpersistentObject) and flag.obj is True:
+            for item in node.values():
+                if isinstance(item, ShardedTensor):
+                    item.data.zero_()
+        for item in node.values():
+            _zero_padding(item)
+    elif isinstance(node, list):
+        for item in node:
+            _zero_padding(item)
 
 
 def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,

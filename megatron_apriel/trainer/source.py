@@ -69,9 +69,11 @@ class StepPlan:
 
 class StreamSource:
     def __init__(self, root: str | Path, cfg: RolloutConfig, ctx, targets: dict[str, float], poll_s: float = 0.05,
-                 replay: bool = False):
+                 replay: bool = False, moe_layers: Optional[list[int]] = None):
         """``replay``: the stream is another run's, complete and read-only (no trainer.json is
-        written, and a step it cannot fill is an error instead of a wait)."""
+        written, and a step it cannot fill is an error instead of a wait). ``moe_layers``: a MoE
+        model's sparse layers: samples carry the routed experts recorded for them (required when
+        ``cfg.routing_replay``)."""
         if cfg.groups_per_step * cfg.group_size < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step x group_size = {cfg.groups_per_step * cfg.group_size} samples "
                              f"per step < dp={ctx.dims.dp}: every data-parallel rank needs at least one.")
@@ -90,6 +92,7 @@ class StreamSource:
         self._planned: dict[int, RolloutGroup] = {}
         """Rank 0: the groups of the step just planned, by seq (it has parsed them already)."""
         self.replay = replay
+        self.moe_layers = moe_layers
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -157,7 +160,8 @@ class StreamSource:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         self.cursor = plan.cursor
-        samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step, self._planned)
+        samples = load_samples(self.root, plan.rollouts[self.ctx.dp_rank], step, self._planned, self.moe_layers,
+                               self.cfg.routing_replay and self.moe_layers is not None)
         self._planned = {}
         self.consumed.update(plan.domains)
         return samples, plan.metrics
@@ -207,13 +211,14 @@ def _rollout_stats(prefix: str, rollouts) -> dict[str, float]:
 
 
 def load_samples(root: Path, items: list[tuple[int, int, int]], step: int,
-                 known: Optional[dict[int, RolloutGroup]] = None) -> list[TrainSample]:
+                 known: Optional[dict[int, RolloutGroup]] = None, moe_layers: Optional[list[int]] = None,
+                 need_routing: bool = False) -> list[TrainSample]:
     """The listed rollouts as samples: from ``known`` groups (by seq; rank 0 has read them), else
-    from their segment files, each read once."""
+    from their segment files, each read once (routed experts as ``RolloutGroup.train_sample`` says)."""
     groups = dict(known or {})
     out = []
     for first, seq, index in items:
         if seq not in groups:
             groups.update({g.seq: g for g in read_segment(segment_path(root, first)).groups})
-        out.append(groups[seq].train_sample(index, step))
+        out.append(groups[seq].train_sample(index, step, moe_layers, need_routing))
     return out

@@ -7,7 +7,9 @@ this module in the worker registers the engine) and ``--weight-transfer-config
 '{"backend": "gloo"}'`` (CPU) or ``'{"backend": "apriel_nccl"}'`` (GPU).
 
 Lifecycle, driven by the trainer through vLLM's RL routes (see ``sender.WeightSyncClient``):
-1. ``/init_weight_transfer_engine`` (``TransferInit``): join one group per trainer stage.
+1. ``/init_weight_transfer_engine`` (``TransferInit``): join one group per trainer source (a
+   pipeline stage's sender; with expert parallelism, one per stage and expert-parallel rank: the
+   protocol calls every source a stage).
 2. ``/start_weight_update``: start one receiving thread per stage and return at once. The threads
    take the stage's plan, then its buckets, checksum each bucket while the next one arrives,
    compare with the stage's checksum table, and keep the bytes in host memory (pinned when they
@@ -40,6 +42,7 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from megatron_apriel.serving.routed_experts import RoutedExpertsCapture
 from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
 from megatron_apriel.weight_sync.device_staging import device_tensors
 from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
@@ -203,6 +206,10 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         finalize_layerwise_reload(self.model, self.model_config)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        else:
+            from megatron_apriel._patches import repack_vllm_cpu_experts
+
+            repack_vllm_cpu_experts(self.model)
 
     def receive_weights(self, update_info) -> None:
         raise NotImplementedError("AprielWeightTransferEngine receives in start_weight_update/update_weights.")
@@ -217,8 +224,9 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         self._staging = {}
 
 
-class AprielWorkerExtension:
-    """Mixed into vLLM's worker (``--worker-extension-cls``); callable via ``/collective_rpc``."""
+class AprielWorkerExtension(RoutedExpertsCapture):
+    """Mixed into vLLM's worker (``--worker-extension-cls``); callable via ``/collective_rpc``. Also
+    captures routed experts on request (``serving.routed_experts``)."""
 
     def apriel_weight_sync_status(self) -> str:
         """The last update's ``UpdateResult`` as JSON (``"null"`` before the first one)."""

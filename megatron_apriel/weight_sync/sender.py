@@ -13,9 +13,11 @@ new ones (``connect``), so a restarted or late server gets the current weights w
 push. Until then it serves its start-up weights, under their own version label; the actor's
 client does not send it requests (``rollout/client.py``, version gate).
 
-Roles: each pipeline stage's sender is its (tp_rank 0, dp_rank 0) rank; the other TP ranks of
-that replica only take part in the TP gathers; other DP replicas do nothing but wait for the
-report. Global rank 0 (stage 0's sender) is also the coordinator that drives the HTTP routes.
+Roles (``source.source_role``): each pipeline stage's sender is its (tp_rank 0, dp_rank 0) rank;
+the other TP ranks of that replica only take part in the TP gathers; with a mixture of experts,
+each expert-parallel rank of expert-DP replica 0 also sends its own experts on a group of its own
+(a stage then has ``ep`` sources). Other ranks do nothing but wait for the report. Global rank 0
+(stage 0's first source) is also the coordinator that drives the HTTP routes.
 
 One update, as seen by a server: ``/start_weight_update`` (its receiving threads start; decoding
 goes on) -> every stage broadcasts its plan, its buckets and their checksum table on its own
@@ -94,8 +96,7 @@ class WeightSender:
                              "use weight_sync.checksum=sum64 (computed on the device).")
         self.algo = cfg.checksum
         self.weights = StageWeights(model, ctx, vocab_size, to_hf)
-        self.is_stage_sender = ctx.tp_rank == 0 and ctx.dp_rank == 0
-        self.in_replica = ctx.dp_rank == 0
+        self.role = self.weights.role
         self.is_coordinator = ctx.rank == 0
         self.on_bucket = on_bucket
         self.group: Optional[StageGroup] = None
@@ -190,13 +191,13 @@ class WeightSender:
         self.connected = members
 
     def connect(self) -> None:
-        """Join the stage groups (every rank calls; only stage senders join a group)."""
+        """Join the source groups (every rank calls; only sources join a group)."""
         host = self.cfg.advertise_host or socket.gethostname()
-        mine = (self.ctx.pp_rank, host) if self.is_stage_sender else None
+        mine = (self.role.source, host) if self.role.sends else None
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         hosts = dict(e for e in everyone if e is not None)
-        stages = [Endpoint(host=hosts[s], port=self.cfg.base_port + s) for s in range(self.ctx.dims.pp)]
+        stages = [Endpoint(host=hosts[s], port=self.cfg.base_port + s) for s in range(self.role.num_sources)]
         sizes = [self.control.workers_per_server() if self.is_coordinator else None]
         dist.broadcast_object_list(sizes, src=0)
         world = 1 + sum(sizes[0])
@@ -206,8 +207,8 @@ class WeightSender:
             pending = self.control.init_async([
                 TransferInit(backend=self.backend, stages=stages, world_size=world, rank_offset=o,
                              timeout_s=self.cfg.timeout_s) for o in offsets])
-        if self.is_stage_sender:
-            self.group = join_stage_group(stages[self.ctx.pp_rank], 0, world, self.backend, self.cfg.timeout_s,
+        if self.role.sends:
+            self.group = join_stage_group(stages[self.role.source], 0, world, self.backend, self.cfg.timeout_s,
                                           self.device)
         for f in pending:
             f.result()
@@ -217,8 +218,8 @@ class WeightSender:
         if self._layouts is None:
             self._layouts = B.plan_buckets(self.weights.metadata(), self.cfg.bucket_bytes, self.cfg.direct_bytes)
         layouts = self._layouts
-        plan = StagePlan(version=version, stage=self.ctx.pp_rank, num_stages=self.ctx.dims.pp, checksum=self.algo,
-                         buckets=layouts)
+        plan = StagePlan(version=version, stage=self.role.source, num_stages=self.role.num_sources,
+                         checksum=self.algo, buckets=layouts)
         failure = send_stage(self.group, plan, self.weights.hf_tensors(self.device), self._buffers, self.on_bucket)
         return plan.nbytes, len(layouts), failure
 
@@ -253,11 +254,11 @@ class WeightSender:
         if any_rank(failure is not None):
             return None
         nbytes = nbuckets = 0
-        if self.is_stage_sender:
+        if self.role.sends:
             nbytes, nbuckets, failure = self._send_stage(version)
             if failure is not None:
-                log.warning("stage %d's weight-sync group failed mid-update: %s", self.ctx.pp_rank, failure)
-        elif self.in_replica:
+                log.warning("source %d's weight-sync group failed mid-update: %s", self.role.source, failure)
+        elif self.role.gather_dense:
             self.weights.gather_only()
         send_s = time.perf_counter() - t0
         if any_rank(failure is not None):
@@ -286,7 +287,7 @@ class WeightSender:
         def apply() -> None:
             control.pause()
             try:
-                rejected.update(control.update(UpdateRequest(version=version, num_stages=self.ctx.dims.pp)))
+                rejected.update(control.update(UpdateRequest(version=version, num_stages=self.role.num_sources)))
                 control.finish([s for s in control.servers if s not in rejected], version)
             finally:
                 control.resume()  # every server is asked, even if one does not answer

@@ -23,6 +23,7 @@ from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_para
 from megatron_apriel.trainer.batch import TrainSample, packed_microbatches, padded_microbatches, split_for_data_parallel
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step
+from megatron_apriel.weight_sync.source import StageWeights, table_to_hf
 
 ARCHS = {
     # a dense layer among sparse ones (Qwen3-MoE's mlp_only_layers), renormalised top-2 of 4 experts
@@ -87,6 +88,16 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
             per_sample[sid] = lp[mb.loss_mask & (mb.seq == j)]
     metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, GSPO, arch.vocab_size, routing)
     full = gather_full_state_dict(model, ctx, arch.vocab_size)
+    weights = StageWeights(model, ctx, arch.vocab_size, table_to_hf(arch))
+    sent = {}
+    if weights.role.sends:
+        sent = {name: t.clone() for name, t in weights.hf_tensors(torch.device("cpu"))}
+        assert [(n, tuple(t.shape)) for n, t in sent.items()] == [(n, s) for n, _, s in weights.metadata()]
+    elif weights.role.gather_dense:
+        weights.gather_only()
+    sources = [None] * dist.get_world_size()
+    dist.all_gather_object(sources, {"source": weights.role.source, "num_sources": weights.role.num_sources,
+                                     "ep_rank": ctx.ep_rank, "pp_rank": ctx.pp_rank, "tensors": sent})
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per_sample)
     all_metrics = [None] * dist.get_world_size()
@@ -95,7 +106,7 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
 
     ps.destroy_model_parallel()
     return {"logp": {k: v for d in gathered for k, v in d.items()}, "metrics": next(m for m in all_metrics if m),
-            "weights": full}
+            "weights": full, "sources": sources}
 
 
 def main(family: str, out_path: str) -> None:

@@ -1,7 +1,8 @@
 """Measure what a real Megatron model + DDP + distributed optimizer allocate on each rank.
 
 Launched by tests/unit/plan/test_plan_memory.py as ``torchrun --nproc_per_node 2 plan_memory.py
-SPEC.json OUT.json``. SPEC: {"cases": [{"name", "arch": {...}, "tp", "pp", "precision"}...]}.
+SPEC.json OUT.json``. SPEC: {"cases": [{"name", "arch": {...}, "tp", "pp", "ep", "precision"}...]}
+(tp > 1 with experts runs sequence-parallel, as Megatron requires).
 For every case and rank it writes the bytes of the distinct storages behind the parameters,
 behind their ``main_grad``s, and held by the optimizer after one step (state tensors, plus
 master copies that are not views of the parameters), read from the tensors themselves.
@@ -39,7 +40,8 @@ def _samples(vocab: int) -> list[TrainSample]:
 
 def measure(case: dict) -> dict:
     arch = ModelArch(**case["arch"])
-    ctx = init_parallel(ParallelConfig(tp=case["tp"], pp=case["pp"]))
+    ep = case.get("ep", 1)
+    ctx = init_parallel(ParallelConfig(tp=case["tp"], pp=case["pp"], ep=ep, sequence_parallel=arch.is_moe and case["tp"] > 1))
     model = build_model(ModelConfig(arch=arch, precision=case["precision"]), ctx)
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OptimConfig(warmup_steps=0), ctx, total_steps=2)
@@ -53,7 +55,8 @@ def measure(case: dict) -> dict:
     masters = [p for o in inner for g in o.param_groups for p in g["params"]
                if p.untyped_storage().data_ptr() not in weights]
     out = {"rank": ctx.rank, "tp_rank": ctx.tp_rank, "pp_rank": ctx.pp_rank, "dp_rank": ctx.dp_rank,
-           "dp": ctx.dims.dp, "weights": sum(weights.values()), "grads": sum(grads.values()),
+           "dp": ctx.dims.dp, "expert_dp_rank": ctx.expert_dp_rank,
+           "weights": sum(weights.values()), "grads": sum(grads.values()),
            "master": sum(_storages(masters).values()),
            "adam": sum(t.untyped_storage().nbytes() for t in state if t.dim() > 0),
            "step_counters": sum(t.untyped_storage().nbytes() for t in state if t.dim() == 0),

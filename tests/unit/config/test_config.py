@@ -101,7 +101,8 @@ def test_presets_hold_overrides_only(name):
 
 
 def test_every_preset_builds():
-    assert {"tiny_cpu", "tiny_local", "smoke_5domains", "apriel_15b", "qwen25_32b", "llama3_70b"} <= set(PRESETS)
+    cluster = ("apriel_15b", "qwen25_32b", "llama3_70b", "qwen3_30b_a3b", "qwen3_235b_a22b")
+    assert {"tiny_cpu", "tiny_local", "smoke_5domains", "tiny_moe_cpu", *cluster} <= set(PRESETS)
     for name in PRESETS:
-        extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name in ("apriel_15b", "qwen25_32b", "llama3_70b") else []
+        extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name in cluster else []
         assert isinstance(to_run_config(compose_run(name, extra)), RunConfig)

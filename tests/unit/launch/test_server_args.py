@@ -38,3 +38,24 @@ def test_the_run_refuses_a_context_shorter_than_prompt_plus_budget(given):
     ok = to_run_config(compose_run("tiny_local"))
     flags = ServerArgs(tuple(server_flags(ok)))
     assert flags.max_model_len == ok.actor.max_prompt_tokens + ok.rewards.max_len and flags.value("--seed") == str(ok.seed)
+
+
+def test_routed_experts_are_vllms_option_on_gpu_and_our_capture_on_cpu():
+    gpu, env = build_command(["--model", "m"], backend="apriel_nccl", on_gpu=True, routed_experts=True)
+    assert "--enable-return-routed-experts" in gpu and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert gpu[2] == "vllm.entrypoints.launchers.api_server.entry"
+    cpu, env = build_command(["--model", "m"], backend="gloo", on_gpu=False, routed_experts=True)
+    assert cpu[2] == "megatron_apriel.serving.launch" and env["APRIEL_CAPTURE_ROUTED_EXPERTS"] == "1"
+    assert "--no-enable-prefix-caching" in cpu and "--enable-return-routed-experts" not in cpu
+    plain, env = build_command(["--model", "m"], backend="gloo", on_gpu=False)
+    assert plain[2] == "vllm.entrypoints.launchers.api_server.entry" and "APRIEL_CAPTURE_ROUTED_EXPERTS" not in env
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        build_command(["--no-enable-prefix-caching"], backend="apriel_nccl", on_gpu=True, routed_experts=True)
+    with pytest.raises(ValueError, match="drop --enable-prefix-caching"):
+        build_command(["--enable-prefix-caching"], backend="gloo", on_gpu=False, routed_experts=True)
+
+
+def test_a_moe_fleet_is_asked_for_its_routed_experts():
+    moe = to_run_config(compose_run("tiny_moe_cpu"))
+    assert "--return-routed-experts" in server_flags(moe)
+    assert "--return-routed-experts" not in server_flags(to_run_config(compose_run("tiny_cpu")))

@@ -31,3 +31,23 @@ def test_keep_last_prunes_old_checkpoints_and_leftover_tmp_dirs_do_not_count(tmp
     assert not (ckpts / "step_00000003" / "stray").exists()
     assert (ckpts / "step_00000003" / "state.json").is_file()
     assert latest_checkpoint(ckpts) == ckpts / "step_00000004"
+
+
+def test_optimizer_padding_is_saved_as_zeros_and_parameters_untouched():
+    """Megatron fills the gaps between parameters of a bucket with torch.empty tensors: saved as
+    they were, two saves of one state differed there (by up to 1e26)."""
+    import torch
+    from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedTensor
+
+    from megatron_apriel.trainer.checkpoint import _zero_padding
+
+    def tensor(values):
+        data = torch.tensor(values, dtype=torch.float32)
+        return ShardedTensor.from_rank_offsets("k", data, replica_id=0)
+
+    pad = {"param": tensor([1e26, -3.0]), "exp_avg": tensor([7.0, 7.0]), "padding": LocalNonpersistentObject(True)}
+    real = {"param": tensor([0.5, 0.25]), "exp_avg": tensor([1.0, 2.0]), "padding": LocalNonpersistentObject(False)}
+    state = {0: {"param_state": {0: {torch.float32: [[real, pad]]}}}}
+    _zero_padding(state)
+    assert pad["param"].data.tolist() == [0.0, 0.0] and pad["exp_avg"].data.tolist() == [0.0, 0.0]
+    assert real["param"].data.tolist() == [0.5, 0.25] and real["exp_avg"].data.tolist() == [1.0, 2.0]

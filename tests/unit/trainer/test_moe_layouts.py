@@ -66,6 +66,29 @@ def test_replay_changes_the_forward_and_the_step_moves_routers_and_experts(resul
     assert min(v for k, v in moved.items() if ".local_experts." in k) > 1e-4
 
 
+@pytest.mark.parametrize("name", [n for n, *_ in LAYOUTS if n != "ep1_free"])
+def test_every_expert_parallel_rank_sends_its_own_experts_and_together_they_send_the_model(results, family, name):
+    """What the fleet would receive after the step: every HF tensor exactly once, equal to the
+    updated weights; a stage's experts from ``ep`` sources, each the rank that holds them."""
+    arch, layout = ARCHS[family], next(entry for entry in LAYOUTS if entry[0] == name)
+    _, tp, pp, ep, *_ = layout
+    sources = [s for s in results[name]["sources"] if s["source"] >= 0]
+    assert sorted(s["source"] for s in sources) == list(range(pp * ep))
+    assert all(s["num_sources"] == pp * ep for s in sources)
+    received = {}
+    for s in sources:
+        assert not set(s["tensors"]) & set(received), "a tensor sent twice"
+        received.update(s["tensors"])
+        per_rank = arch.num_experts // ep
+        for tensor in s["tensors"]:
+            if ".experts." in tensor:
+                expert = int(tensor.split(".experts.")[1].split(".")[0])
+                assert expert // per_rank == s["ep_rank"], (tensor, s["ep_rank"])  # its own, never gathered
+    want = canonical_to_hf(results[name]["weights"], arch)
+    assert sorted(received) == sorted(want)
+    assert all(torch.equal(received[k], want[k]) for k in want)
+
+
 class _Router(torch.nn.Module):
     """transformers' top-k router, optionally forced to given experts (``-1``: its own choice), with
     the HF weighting (softmax over all experts, the chosen ones' probabilities, renormalised when

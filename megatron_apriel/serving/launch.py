@@ -1,0 +1,26 @@
+"""``python -m megatron_apriel.serving.launch VLLM_ARGS...``: vLLM's API server (its launcher module,
+``vllm.entrypoints.launchers.api_server.entry``), with the routed-experts capture patched into
+this process first when ``APRIEL_CAPTURE_ROUTED_EXPERTS=1`` (``apriel-serve --return-routed-experts``
+on a CPU machine; see ``serving.routed_experts``)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+VLLM_LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
+CAPTURE_ENV = "APRIEL_CAPTURE_ROUTED_EXPERTS"
+
+
+def main() -> None:
+    if os.environ.get(CAPTURE_ENV) == "1":
+        from megatron_apriel.serving.routed_experts import patch_async_llm
+
+        patch_async_llm()
+    sys.argv[0] = VLLM_LAUNCHER
+    runpy.run_module(VLLM_LAUNCHER, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Routed experts from the server's answer to the trainer's sample (no vLLM): vLLM's wire format
+(base64 ``.npy``), the rollout record (schema 3, schemas 1 and 2 still read), the stream, and the
+rows the trainer replays (sparse layers only, the last token unrouted)."""
+
+import asyncio
+import base64
+import io
+
+import numpy as np
+import pytest
+
+from megatron_apriel.rollout.client import FleetClient
+from megatron_apriel.rollout.config import SamplingConfig
+from megatron_apriel.rollout.stream import StreamReader, StreamWriter
+from megatron_apriel.rollout.types import RolloutGroup, RoutedExperts, routing_rows
+from megatron_apriel.testing.fake_fleet import FakeFleet
+from tests.unit.rollout.test_stream import group, snap
+
+
+def _npy_b64(ids: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, ids, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_the_client_decodes_vllms_field_per_choice():
+    fleet = FakeFleet(routed_experts=(3, 2, 8))
+
+    async def go():
+        client = FleetClient(["http://fake"], transport=fleet.transport())
+        try:
+            return await client.generate(list(b"What is 1 + 2?"), SamplingConfig(max_tokens=64), n=2)
+        finally:
+            await client.aclose()
+
+    for c in asyncio.run(go()):
+        assert c.routed_experts.shape == (len(c.prompt_token_ids) + len(c.token_ids) - 1, 3, 2)
+        assert c.routed_experts.dtype == np.uint8 and c.routed_experts.max() < 8
+
+
+def _with_routing(g: RolloutGroup, rows: int, layers: int = 3, k: int = 2, dtype=np.uint8) -> RolloutGroup:
+    rng = np.random.default_rng(0)
+    rollouts = [r.model_copy(update={"routed_experts": RoutedExperts.from_array(
+        rng.integers(0, 200, (rows, layers, k)).astype(dtype))}) for r in g.rollouts]
+    return RolloutGroup.model_validate(g.model_copy(update={"rollouts": rollouts}).model_dump())
+
+
+def test_records_keep_the_ids_exactly_through_the_stream(tmp_path):
+    g = _with_routing(group(0), rows=3 + 5 - 1)  # a prompt of 3, a completion of 5
+    writer = StreamWriter(tmp_path)
+    writer.append([g], snap(1))
+    back = StreamReader(tmp_path).next_group()
+    for a, b in zip(g.rollouts, back.rollouts):
+        assert b.routed_experts.shape == (7, 3, 2) and np.array_equal(a.routed_experts.array(), b.routed_experts.array())
+    assert back.schema_version == 3
+    wide = RoutedExperts.from_array(np.full((2, 1, 1), 300, dtype=np.uint16))  # more than 256 experts
+    assert wide.dtype == "uint16" and wide.array().tolist() == [[[300]], [[300]]]
+
+
+def test_records_refuse_ids_that_do_not_fit_the_sequence():
+    with pytest.raises(ValueError, match="prompt \\+ completion - 1"):
+        _with_routing(group(0), rows=3 + 5)
+    with pytest.raises(ValueError, match="does not hold"):
+        RoutedExperts(shape=(2, 2, 2), dtype="uint8", data=base64.b64encode(b"1234567").decode())
+    with pytest.raises(ValueError, match="uint8/uint16"):
+        RoutedExperts.from_array(np.zeros((2, 2, 2), dtype=np.int32))
+    old = group(0).model_dump()  # schema 2 streams (no routed experts) are still read
+    old["schema_version"] = 2
+    assert RolloutGroup.model_validate(old).rollouts[0].routed_experts is None
+
+
+def test_samples_carry_the_sparse_layers_and_leave_the_last_token_unrouted():
+    g = _with_routing(group(0), rows=7, layers=3)
+    ids = g.rollouts[0].routed_experts.array()
+    s = g.train_sample(0, version=0, moe_layers=[0, 2])
+    assert s.routing.shape == (8, 2, 2) and s.routing.dtype == np.int16
+    assert np.array_equal(s.routing[:7], ids[:, [0, 2]]) and (s.routing[7] == -1).all()
+    assert g.train_sample(0, version=0).routing is None  # a dense model takes none
+    assert np.array_equal(routing_rows(ids, [1])[:7, 0], ids[:, 1])
+
+
+def test_replay_without_recorded_experts_names_the_server_flag():
+    with pytest.raises(ValueError, match="--return-routed-experts"):
+        group(0).train_sample(0, version=0, moe_layers=[0], need_routing=True)
+    assert group(0).train_sample(0, version=0, moe_layers=[0]).routing is None  # measured only if recorded
