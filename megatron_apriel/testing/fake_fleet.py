@@ -16,6 +16,7 @@ import io
 import json
 import random
 import re
+import time
 from typing import Optional
 
 import httpx
@@ -48,7 +49,10 @@ class FakeFleet:
         self.accuracy, self.version, self.max_delay_s = accuracy, 0, max_delay_s
         self.rng = random.Random(seed)
         self.requests = 0
+        self.busy_s = 0.0
+        """Time spent making answers (a benchmark of the actor subtracts the fleet's own cost)."""
         self.routed_experts = routed_experts
+        self._routed_cache: dict[int, str] = {}
 
     def _answer(self, prompt: str) -> list[int]:
         m = _SUM.search(prompt)
@@ -62,6 +66,7 @@ class FakeFleet:
             await asyncio.sleep(self.rng.uniform(0, self.max_delay_s))
         if request.url.path == "/weight_info":
             return httpx.Response(200, json={"weight_version": str(self.version)})
+        start = time.perf_counter()
         body = json.loads(request.content)
         self.requests += 1
         prompt = bytes(body["token_ids"]).decode(errors="replace")
@@ -75,15 +80,21 @@ class FakeFleet:
             if self.routed_experts is not None:
                 choice["routed_experts"] = self._routed(len(body["token_ids"]) + len(tokens) - 1)
             choices.append(choice)
-        return httpx.Response(200, json={"choices": choices})
+        response = httpx.Response(200, json={"choices": choices})
+        self.busy_s += time.perf_counter() - start
+        return response
 
     def _routed(self, rows: int) -> str:
-        """Random expert ids ``[rows, layers, k]`` as vLLM returns them (base64 ``.npy``, uint8)."""
-        layers, k, experts = self.routed_experts
-        ids = np.array([self.rng.sample(range(experts), k) for _ in range(rows * layers)], dtype=np.uint8)
-        buf = io.BytesIO()
-        np.save(buf, ids.reshape(rows, layers, k), allow_pickle=False)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
+        """Expert ids ``[rows, layers, k]`` as vLLM returns them (base64 ``.npy``, uint8): distinct
+        random experts per row, made once per length (the fleet's cost is not the actor's)."""
+        if rows not in self._routed_cache:
+            layers, k, experts = self.routed_experts
+            rng = np.random.default_rng(rows)
+            ids = np.argsort(rng.random((rows, layers, experts)), axis=-1)[..., :k].astype(np.uint8)
+            buf = io.BytesIO()
+            np.save(buf, ids, allow_pickle=False)
+            self._routed_cache[rows] = base64.b64encode(buf.getvalue()).decode("ascii")
+        return self._routed_cache[rows]
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
