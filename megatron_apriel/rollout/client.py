@@ -32,11 +32,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import httpx
-import numpy as np
 
 from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.rollout.types import VersionSpan
-from megatron_apriel.serving.routed_experts import decode as decode_routed_experts
+from megatron_apriel.rollout.types import RoutedExperts, VersionSpan
 from megatron_apriel.weight_sync.protocol import STARTUP_LABEL, parse_version_label
 
 log = logging.getLogger(__name__)
@@ -52,9 +50,9 @@ class Completion:
     versions: list[VersionSpan]
     server: str
     attempts: int = 1
-    routed_experts: Optional[np.ndarray] = None
+    routed_experts: Optional[RoutedExperts] = None
     """``[prompt + completion - 1, layers, k]`` expert ids, when the server returns them
-    (``apriel-serve --return-routed-experts``)."""
+    (``apriel-serve --return-routed-experts``), kept as the server sent them."""
 
     @property
     def versions_seen(self) -> list[int]:
@@ -98,7 +96,7 @@ def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -
     routed = choice.get("routed_experts")
     return Completion(prompt_token_ids=list(prompt), token_ids=list(tokens), logprobs=[c["logprob"] for c in content],
                       finish_reason=choice.get("finish_reason") or "", versions=spans, server=server, attempts=attempts,
-                      routed_experts=None if routed is None else decode_routed_experts(routed))
+                      routed_experts=None if routed is None else RoutedExperts.from_npy_base64(routed))
 
 
 _TOKENS = re.compile(r"^vllm:generation_tokens_total(\{[^}]*\})?\s+([0-9.eE+]+)$", re.MULTILINE)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
                                      task_reward)
 from megatron_apriel.rollout.client import Completion
-from megatron_apriel.rollout.types import (DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup,
-                                           RoutedExperts)
+from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup
 
 
 def build_group(*, problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,
@@ -39,7 +38,7 @@ def build_group(*, problem: Problem, prompt_ids: list[int], completions: list[Co
                         finish_reason=c.finish_reason, outcome=r.outcome, detail=r.detail[:DETAIL_CHARS],
                         score=r.score, success=ok,
                         reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts,
-                        routed_experts=None if c.routed_experts is None else RoutedExperts.from_array(c.routed_experts))
+                        routed_experts=c.routed_experts)
                 for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
     return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
                         rollouts=rollouts, admitted_version=admitted_version, dropped=dropped, timings=timings)

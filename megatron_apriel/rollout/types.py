@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -140,34 +141,92 @@ class _Record(BaseModel):
 class RoutedExperts(_Record):
     """The experts vLLM routed each token of a sequence to, as its server returned them: ``[prompt +
     completion - 1, num_hidden_layers, top_k]`` expert ids (the last sampled token never ran through
-    the model; a dense layer's rows are zeros). Stored as base64 of the ids in the narrowest
-    unsigned type (1 byte per token, layer and k up to 256 experts)."""
+    the model; a dense layer's rows are zeros), in the narrowest unsigned type (1 byte per token,
+    layer and k up to 256 experts). Stored as the server sent them, base64 of an ``.npy``: the
+    actor's cost of a record is then a header read, not a decode and re-encode of every id."""
 
     shape: tuple[int, int, int]
     dtype: Literal["uint8", "uint16"]
     data: str
-    """Base64 of the C-ordered ids."""
+    """Base64 of the ``.npy`` bytes (a C-ordered array of ``shape`` and ``dtype``)."""
 
     @classmethod
     def from_array(cls, ids: np.ndarray) -> "RoutedExperts":
         if ids.ndim != 3 or ids.dtype.name not in ("uint8", "uint16"):
             raise ValueError(f"routed experts must be [tokens, layers, k] uint8/uint16, got {ids.shape} {ids.dtype}.")
-        return cls(shape=ids.shape, dtype=ids.dtype.name,
-                   data=base64.b64encode(np.ascontiguousarray(ids).tobytes()).decode("ascii"))
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(ids), allow_pickle=False)
+        return cls(shape=ids.shape, dtype=ids.dtype.name, data=base64.b64encode(buf.getvalue()).decode("ascii"))
+
+    @classmethod
+    def from_npy_base64(cls, data: str) -> "RoutedExperts":
+        """vLLM's ``routed_experts`` field (base64 ``.npy``), kept verbatim when its ids are already
+        uint8/uint16 (apriel-serve's are); other integer types are narrowed once."""
+        shape, dtype, fortran = _npy_header(data)
+        if len(shape) == 3 and dtype.name in ("uint8", "uint16") and not fortran:
+            return cls(shape=shape, dtype=dtype.name, data=data)
+        ids = np.load(io.BytesIO(base64.b64decode(data)), allow_pickle=False)
+        if ids.ndim != 3 or ids.dtype.kind not in "iu" or (ids.size and (ids.min() < 0 or ids.max() > 65535)):
+            raise ValueError(f"routed experts must be [tokens, layers, k] expert ids, got {ids.shape} {ids.dtype}.")
+        return cls.from_array(ids.astype(np.uint8 if ids.size == 0 or ids.max() < 256 else np.uint16))
 
     def array(self) -> np.ndarray:
-        out = np.frombuffer(base64.b64decode(self.data), dtype=self.dtype).reshape(self.shape)
+        out = np.load(io.BytesIO(base64.b64decode(self.data)), allow_pickle=False)
         out.flags.writeable = False
         return out
 
     @model_validator(mode="after")
     def _size(self):
-        """From the base64 length, without decoding (a record is validated on every read)."""
-        size = math.prod(self.shape) * np.dtype(self.dtype).itemsize
-        pad = -size % 3  # base64's trailing "="s
-        if len(self.data) != 4 * -(-size // 3) or not self.data.endswith("=" * pad) or self.data.endswith("=" * (pad + 1)):
+        """From the header's length and the base64 length, without decoding the ids (a record is
+        validated on every read)."""
+        if _npy_total_bytes(self.data, math.prod(self.shape) * np.dtype(self.dtype).itemsize) is None:
             raise ValueError(f"routed experts data does not hold {self.shape} {self.dtype} ids.")
         return self
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _npy_prefix(data: str, nbytes: int) -> bytes:
+    """The first ``nbytes`` bytes of base64 ``data`` (decoding only the characters that hold them)."""
+    return base64.b64decode(data[:4 * -(-nbytes // 3)])[:nbytes]
+
+
+def _npy_header_length(data: str) -> Optional[int]:
+    """Bytes of the ``.npy`` preamble and header (magic, version, length field, header), or None."""
+    try:
+        head = _npy_prefix(data, 12)
+    except ValueError:
+        return None
+    if len(head) < 12 or not head.startswith(_NPY_MAGIC):
+        return None
+    if head[6] == 1:
+        return 10 + int.from_bytes(head[8:10], "little")
+    return 12 + int.from_bytes(head[8:12], "little")
+
+
+def _npy_total_bytes(data: str, payload: int) -> Optional[int]:
+    """The ``.npy``'s length when ``data`` is the base64 of a header and ``payload`` bytes, else None."""
+    header = _npy_header_length(data)
+    if header is None:
+        return None
+    size = header + payload
+    pad = -size % 3  # base64's trailing "="s
+    if len(data) != 4 * -(-size // 3) or not data.endswith("=" * pad) or data.endswith("=" * (pad + 1)):
+        return None
+    return size
+
+
+def _npy_header(data: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and Fortran order from the header of base64 ``.npy`` ``data``."""
+    length = _npy_header_length(data)
+    if length is None:
+        raise ValueError("routed experts are not a base64 .npy (check the server's --return-routed-experts).")
+    f = io.BytesIO(_npy_prefix(data, length))
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    return tuple(int(n) for n in shape), dtype, fortran
 
 
 class VersionSpan(_Record):

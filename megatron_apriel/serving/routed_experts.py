@@ -203,10 +203,3 @@ def patch_async_llm() -> None:
     generate._apriel_routed_experts = True
     AsyncLLM.generate = generate
 
-
-def decode(b64: str) -> np.ndarray:
-    """A ``routed_experts`` field (base64 ``.npy``) as its array."""
-    import base64
-    import io
-
-    return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)

@@ -34,8 +34,27 @@ def test_the_client_decodes_vllms_field_per_choice():
             await client.aclose()
 
     for c in asyncio.run(go()):
-        assert c.routed_experts.shape == (len(c.prompt_token_ids) + len(c.token_ids) - 1, 3, 2)
-        assert c.routed_experts.dtype == np.uint8 and c.routed_experts.max() < 8
+        ids = c.routed_experts.array()
+        assert c.routed_experts.shape == ids.shape == (len(c.prompt_token_ids) + len(c.token_ids) - 1, 3, 2)
+        assert ids.dtype == np.uint8 and ids.max() < 8
+
+
+def test_the_servers_field_is_kept_verbatim_when_narrow_and_narrowed_once_when_not():
+    ids = np.random.default_rng(0).integers(0, 128, (9, 3, 2))
+    narrow = _npy_b64(ids.astype(np.uint8))
+    kept = RoutedExperts.from_npy_base64(narrow)
+    assert kept.data == narrow and kept.shape == (9, 3, 2) and np.array_equal(kept.array(), ids)
+    for wide, want in ((np.int64, "uint8"), (np.int32, "uint8")):
+        r = RoutedExperts.from_npy_base64(_npy_b64(ids.astype(wide)))
+        assert r.dtype == want and r.array().dtype == np.dtype(want) and np.array_equal(r.array(), ids)
+    many = RoutedExperts.from_npy_base64(_npy_b64((ids * 3).astype(np.int32)))  # ids up to 381: two bytes
+    assert many.dtype == "uint16" and np.array_equal(many.array(), ids * 3)
+    fortran = RoutedExperts.from_npy_base64(_npy_b64(np.asfortranarray(ids.astype(np.uint8))))
+    assert np.array_equal(fortran.array(), ids) and fortran.array().flags.c_contiguous
+    with pytest.raises(ValueError, match="expert ids"):
+        RoutedExperts.from_npy_base64(_npy_b64(-ids.astype(np.int32) - 1))
+    with pytest.raises(ValueError, match="not a base64 .npy"):
+        RoutedExperts.from_npy_base64(base64.b64encode(ids.astype(np.uint8).tobytes()).decode())
 
 
 def _with_routing(g: RolloutGroup, rows: int, layers: int = 3, k: int = 2, dtype=np.uint8) -> RolloutGroup:
@@ -62,6 +81,12 @@ def test_records_refuse_ids_that_do_not_fit_the_sequence():
         _with_routing(group(0), rows=3 + 5)
     with pytest.raises(ValueError, match="does not hold"):
         RoutedExperts(shape=(2, 2, 2), dtype="uint8", data=base64.b64encode(b"1234567").decode())
+    whole = RoutedExperts.from_array(np.zeros((4, 2, 2), dtype=np.uint8))
+    for shape in ((3, 2, 2), (5, 2, 2)):  # one row short or over: the length tells, undecoded
+        with pytest.raises(ValueError, match="does not hold"):
+            RoutedExperts(shape=shape, dtype="uint8", data=whole.data)
+    with pytest.raises(ValueError, match="does not hold"):
+        RoutedExperts(shape=(4, 2, 2), dtype="uint16", data=whole.data)
     with pytest.raises(ValueError, match="uint8/uint16"):
         RoutedExperts.from_array(np.zeros((2, 2, 2), dtype=np.int32))
     old = group(0).model_dump()  # schema 2 streams (no routed experts) are still read
