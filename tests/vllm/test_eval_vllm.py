@@ -6,7 +6,8 @@ public format (tests/eval_fixtures.py), through the real command line.
   the verifiers directly, pass@1, its interval and pass@k from their textbook formulas;
 - an evaluation that serves the checkpoint itself, killed (SIGKILL) while it samples, leaves no
   process behind (its server, vLLM's engine, its verifier workers);
-- an evaluation killed midway (held there by pausing its server), then run against a fleet that
+- an evaluation killed midway (held there by a gate in front of its server that passes 5
+  generations and holds the 6th), then run against a fleet that
   is down (clear error, samples kept), then rerun, reports exactly what the reference run reported
   (another server serving the HF model the checkpoint came from: same seeds, same samples);
 - a checkpoint whose config.json is cut short fails to serve: a clear error naming it and its log.
@@ -18,6 +19,7 @@ two serving at once.
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import os
@@ -26,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -177,11 +180,54 @@ def _without_timing(path: Path) -> dict:
     return report
 
 
-def _finished_requests(url: str) -> float:
-    """Generation requests the server has finished (its /metrics; read it while the server is idle:
-    while it decodes a scrape can take as long as a whole benchmark here)."""
-    text = httpx.get(url + "/metrics", timeout=60).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+class Gate:
+    """An HTTP hop between apriel-eval and a server that passes its first ``passes`` generation
+    requests and holds every later one (answered 503 once released): an evaluation run with
+    ``--max-in-flight 1`` through it stops after exactly that many samples, however fast or slow
+    the machine."""
+
+    def __init__(self, upstream: str, passes: int):
+        self.upstream, self.passes, self.generations = upstream, passes, 0
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        gate = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                gate.forward(self, None)
+
+            def do_POST(self):
+                gate.forward(self, self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def forward(self, handler, body) -> None:
+        if handler.path.startswith("/inference/v1/generate"):
+            with self._lock:
+                self.generations += 1
+                held = self.generations > self.passes
+            if held:
+                self.release.wait()
+                handler.send_error(503, "held by the test")
+                return
+        response = httpx.request(handler.command, self.upstream + handler.path, content=body, timeout=600,
+                                 headers={"Content-Type": handler.headers.get("Content-Type", "application/json")})
+        handler.send_response(response.status_code)
+        handler.send_header("Content-Type", response.headers.get("Content-Type", "application/json"))
+        handler.send_header("Content-Length", str(len(response.content)))
+        handler.end_headers()
+        handler.wfile.write(response.content)
+
+    def close(self) -> None:
+        self.release.set()
+        self.http.shutdown()
+        self.http.server_close()
 
 
 def test_an_evaluation_killed_while_it_serves_leaves_no_process_behind(warm, full, tmp_path):
@@ -208,27 +254,23 @@ def test_an_evaluation_killed_while_it_serves_leaves_no_process_behind(warm, ful
 def test_killed_midway_then_resumed_reports_what_an_uninterrupted_run_reports(warm, full, server, tmp_path, capsys):
     out = tmp_path / "killed"
     first = out / "samples" / "aime.jsonl"
-    # held midway by the server, not by timing: it is paused before the evaluation starts (its
-    # requests wait there), then let run a step at a time (resume, pause) until it has finished 5
-    httpx.post(server + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
-    before = _finished_requests(server)
-    proc = subprocess.Popen(eval_cmd(warm, out, "--max-in-flight", "1", servers=server), stdout=subprocess.DEVNULL,
+    # held midway by a gate in front of the server, not by timing: 5 generations pass, the 6th is
+    # held there; once the 5 are scored and written, the evaluation is SIGKILLed
+    gate = Gate(server, passes=5)
+    proc = subprocess.Popen(eval_cmd(warm, out, "--max-in-flight", "1", servers=gate.url), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=launcher_env())
     try:
         deadline = time.monotonic() + 300
-        while (generated := _finished_requests(server) - before) < 5:
-            assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before it could be killed"
-            httpx.post(server + "/resume", timeout=60).raise_for_status()
-            httpx.post(server + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
-        while len(first.read_bytes().splitlines() if first.exists() else []) < generated:  # scored and written
+        while len(first.read_bytes().splitlines() if first.exists() else []) < 5 or gate.generations < 6:
             assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before it could be killed"
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
-        httpx.post(server + "/resume", timeout=60).raise_for_status()
+        gate.close()
+    assert gate.generations == 6  # the 6th was asked for and held, no 7th (--max-in-flight 1)
     written = len(first.read_bytes().splitlines())
-    assert 5 <= written < len(SUMS) * N and not (out / "report.json").exists()
+    assert written == 5 and not (out / "report.json").exists()
     with open(first, "ab") as f:  # what a write cut by the kill leaves: half a line
         f.write(first.read_bytes().splitlines()[0][:40])
 
