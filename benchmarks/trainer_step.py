@@ -116,10 +116,10 @@ def worker_plain(a):
 def worker_ours(a):
     from megatron_apriel.model import ModelConfig, build_model
     from megatron_apriel.model.config import OptimConfig
+    from megatron_apriel.model.routing import StageRouting
     from megatron_apriel.model.wrap import build_optimizer, wrap_model
     from megatron_apriel.parallel import ParallelConfig, init_parallel
     from megatron_apriel.trainer.batch import packed_microbatches, split_for_data_parallel
-    from megatron_apriel.model.routing import StageRouting
     from megatron_apriel.trainer.config import LossConfig
     from megatron_apriel.trainer.step import train_step
 

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
 
+from megatron_apriel.rollout import npy_base64
+
 DOMAINS: tuple[str, ...] = ("math", "code", "logic", "ifeval", "function_calling")
 """The five verifiable-reward domains of the recipe (RECIPE.md section 6)."""
 
@@ -162,7 +164,7 @@ class RoutedExperts(_Record):
     def from_npy_base64(cls, data: str) -> "RoutedExperts":
         """vLLM's ``routed_experts`` field (base64 ``.npy``), kept verbatim when its ids are already
         uint8/uint16 (apriel-serve's are); other integer types are narrowed once."""
-        shape, dtype, fortran = _npy_header(data)
+        shape, dtype, fortran = npy_base64.header(data)
         if len(shape) == 3 and dtype.name in ("uint8", "uint16") and not fortran:
             return cls(shape=shape, dtype=dtype.name, data=data)
         ids = np.load(io.BytesIO(base64.b64decode(data)), allow_pickle=False)
@@ -179,54 +181,9 @@ class RoutedExperts(_Record):
     def _size(self):
         """From the header's length and the base64 length, without decoding the ids (a record is
         validated on every read)."""
-        if _npy_total_bytes(self.data, math.prod(self.shape) * np.dtype(self.dtype).itemsize) is None:
+        if not npy_base64.holds(self.data, math.prod(self.shape) * np.dtype(self.dtype).itemsize):
             raise ValueError(f"routed experts data does not hold {self.shape} {self.dtype} ids.")
         return self
-
-
-_NPY_MAGIC = b"\x93NUMPY"
-
-
-def _npy_prefix(data: str, nbytes: int) -> bytes:
-    """The first ``nbytes`` bytes of base64 ``data`` (decoding only the characters that hold them)."""
-    return base64.b64decode(data[:4 * -(-nbytes // 3)])[:nbytes]
-
-
-def _npy_header_length(data: str) -> Optional[int]:
-    """Bytes of the ``.npy`` preamble and header (magic, version, length field, header), or None."""
-    try:
-        head = _npy_prefix(data, 12)
-    except ValueError:
-        return None
-    if len(head) < 12 or not head.startswith(_NPY_MAGIC):
-        return None
-    if head[6] == 1:
-        return 10 + int.from_bytes(head[8:10], "little")
-    return 12 + int.from_bytes(head[8:12], "little")
-
-
-def _npy_total_bytes(data: str, payload: int) -> Optional[int]:
-    """The ``.npy``'s length when ``data`` is the base64 of a header and ``payload`` bytes, else None."""
-    header = _npy_header_length(data)
-    if header is None:
-        return None
-    size = header + payload
-    pad = -size % 3  # base64's trailing "="s
-    if len(data) != 4 * -(-size // 3) or not data.endswith("=" * pad) or data.endswith("=" * (pad + 1)):
-        return None
-    return size
-
-
-def _npy_header(data: str) -> tuple[tuple[int, ...], np.dtype, bool]:
-    """Shape, dtype and Fortran order from the header of base64 ``.npy`` ``data``."""
-    length = _npy_header_length(data)
-    if length is None:
-        raise ValueError("routed experts are not a base64 .npy (check the server's --return-routed-experts).")
-    f = io.BytesIO(_npy_prefix(data, length))
-    version = np.lib.format.read_magic(f)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, fortran, dtype = read(f)
-    return tuple(int(n) for n in shape), dtype, fortran
 
 
 class VersionSpan(_Record):
