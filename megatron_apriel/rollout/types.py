@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, model_validator
 
-from megatron_apriel.rollout import npy_base64
+import megatron_apriel.rollout.npy_base64 as npy_base64
 
 DOMAINS: tuple[str, ...] = ("math", "code", "logic", "ifeval", "function_calling")
 """The five verifiable-reward domains of the recipe (RECIPE.md section 6)."""
