@@ -13,13 +13,18 @@ SIGKILL (``prctl(PR_SET_PDEATHSIG)``). Stopping kills its group and then each de
 while it ran that left the group: torchrun starts each rank in a session of its own, and a
 killed vLLM API server leaves its engine and workers behind. Used by the local launcher, the
 SLURM supervisor and ``apriel-eval``'s servers.
+
+``supervise(cmd)`` runs one command so that nothing it starts outlives it, even when the command
+(or the supervisor) is killed: ``apriel-serve`` runs vLLM under it, the SLURM job its actor.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,3 +128,100 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass  # no process of the group is left
+
+
+# --- supervise: one command, nothing it starts outlives it ----------------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def supervise(cmd: list[str], env: dict | None = None, *, name: str = "") -> int:
+    """Run ``cmd`` (``env`` added to this process's environment) until it exits; its exit code
+    (negative: killed by that signal). What it leaves is killed, whatever ended it:
+
+    - this process becomes a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): orphans of the
+      command are reparented here, not to init, so they stay below it (a killed vLLM API server's
+      engine and workers);
+    - the command runs as a ``ManagedProcess`` (its own process group; SIGTERM if this process
+      dies, even by SIGKILL); SIGTERM and SIGINT sent here are passed on to its group;
+    - when the command exits, every process still below this one is killed (by pid, from /proc)
+      and reaped.
+    Signals this process ignores (SIG_IGN) stay ignored in the command."""
+    _become_subreaper()
+    name = name or os.path.basename(cmd[0])
+    child = ManagedProcess(name, cmd, env=dict(env or {}))
+    child.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: child.terminate(signum))
+    code = child.wait()
+    killed = kill_below(os.getpid())
+    if killed:
+        print(f"supervise: {name} exited ({code}); killed {len(killed)} process(es) it left: {killed}",
+              file=sys.stderr, flush=True)
+    return code
+
+
+def exit_like(code: int) -> None:
+    """End this process as a supervised command ended: with its exit code, or killed by the same
+    signal, so that whoever waits on the supervisor sees what happened to the command."""
+    if code >= 0:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+    sys.exit(128 - code)  # a signal whose default is not to end the process (SIGCHLD, SIGSTOP...)
+
+
+def _become_subreaper() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of every live process below ``root``, from /proc (parents before children)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we looked
+        state, ppid = text.rsplit(")", 1)[1].split()[:2]  # the name may hold spaces and parentheses
+        if state != "Z":  # a zombie is only waiting to be reaped
+            children.setdefault(int(ppid), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def kill_below(root: int) -> list[int]:
+    """SIGKILL every process below ``root`` and reap those that are its children; the pids killed."""
+    killed: list[int] = []
+    for _ in range(100):
+        _reap()
+        if not (pids := descendants(root)):
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass  # already gone
+        time.sleep(0.05)
+    else:
+        raise RuntimeError(f"processes below {root} survive SIGKILL: {descendants(root)}")
+    return killed
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

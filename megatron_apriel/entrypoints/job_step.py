@@ -13,8 +13,8 @@ it from the same ``--config-name`` and overrides as the trainer and the actor:
 - ``serve`` (one task per server): server ``SLURM_LOCALID`` of this node listens on
   ``APRIEL_SERVER_PORT + SLURM_LOCALID``, registers under this node's address (``APRIEL_NODE_ADDRS``
   maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs;
-  then runs ``apriel-serve`` with the run's vLLM flags under ``slurm.supervise`` (nothing the server
-  starts outlives the task, even when the server is killed).
+  then becomes ``apriel-serve`` with the run's vLLM flags (exec), which supervises its vLLM server:
+  nothing the server starts outlives the task, even when the server is killed.
 - ``export``: the newest checkpoint to ``run_dir/hf`` (``launch.export_hf``).
 """
 
@@ -78,7 +78,7 @@ def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible:
     return ",".join(devices[local_id * per:(local_id + 1) * per])
 
 
-def serve(run) -> int:
+def serve(run) -> None:
     from megatron_apriel.launch.components import server_flags
     from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
 
@@ -94,9 +94,7 @@ def serve(run) -> int:
                         register_dir=Path(run.run_dir) / FLEET_DIR) + ["--advertise-host", addr]
     print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
           + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
-    from megatron_apriel.slurm.supervise import supervise
-
-    return supervise(cmd, child_env)  # the server, and nothing it started, ends with this task
+    os.execvpe(cmd[0], cmd, child_env)
 
 
 def export(run) -> None:

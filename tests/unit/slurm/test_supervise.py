@@ -48,6 +48,10 @@ def test_sigterm_reaches_the_command_and_its_code_is_returned(tmp_path):
     assert proc.wait(timeout=30) == 7
 
 
-def test_a_killed_command_reports_its_signal():
-    proc = subprocess.run([*SUPERVISE, "bash", "-c", "kill -9 $$"], timeout=60)
-    assert proc.returncode == 128 + signal.SIGKILL
+def test_the_supervisor_ends_as_its_command_did():
+    """Killed by the same signal (whoever waits on the supervisor sees what happened), or its code."""
+    killed = subprocess.run([*SUPERVISE, "bash", "-c", "kill -9 $$"], timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    terminated = subprocess.run([*SUPERVISE, "bash", "-c", "kill -TERM $$"], timeout=60)
+    assert terminated.returncode == -signal.SIGTERM
+    assert subprocess.run([*SUPERVISE, "bash", "-c", "exit 5"], timeout=60).returncode == 5
