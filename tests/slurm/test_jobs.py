@@ -193,6 +193,9 @@ def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, 
     out = log.read_text()
     assert job_field(job, "JobState") == "COMPLETED", tail(log)
     assert re.search(r"\(plain\): trainer on n1 .* fleet on n2", out), out[:2000]
+    # the job log says how long the fleet took to stop once the trainer had exited (not bounded here:
+    # a figure to read, as the local launcher's "stopped actor, server_0 in ...")
+    assert re.search(r"stopped actor servers in \d+\.\ds", out), tail(log)
     assert "resumed from" in (run / "logs" / "trainer.log").read_text()[len(trainer_log):]
     assert_each_step_once(run, steps)
     assert_loop_outputs(run, steps)

@@ -5,7 +5,7 @@ One run of three launches of the same command, with a 2-server fleet:
             verifier workers it started must die with it), later SIGTERM the trainer ranks (SLURM
             preemption): the trainer checkpoints and the launch ends cleanly;
   launch 2: resumes; SIGKILL the trainer ranks between two checkpoints: the launch fails;
-  launch 3: resumes from the last checkpoint and finishes.
+  launch 3: resumes from the last checkpoint; SIGKILL the other server's process group; it finishes.
 Then the same stream is replayed from scratch by a trainer that is never interrupted
 (``rollout.source=replay``): model and optimizer must end bitwise equal, and every step must have
 read the same groups. And a full disk under the stream stops the run cleanly.
@@ -35,7 +35,9 @@ from tests.unit.conftest import assert_all_exit, launcher_env, require_root
 
 pytestmark = pytest.mark.vllm
 STEPS, SAVE_EVERY, GROUPS_PER_STEP, MAX_LAG, SEED = 12, 4, 16, 1, 1234
-KILL_SEED = 2  # the server dies at a random point of step 2 (test_server_restart.py uses seed 1)
+KILL_SEEDS = (2, 3)
+"""A server dies at a random point of step 2 (launch 1) and another one of step 10 (launch 3), each
+drawn from its seed; test_server_restart.py kills the one server of a fleet mid-update."""
 COMMON = ["--config-name", "tiny_cpu", f"trainer.steps={STEPS}", f"checkpoint.save_every={SAVE_EVERY}",
           "checkpoint.keep_last=0", "launch.export_hf=false"]
 
@@ -93,7 +95,7 @@ def faulty(tmp_path_factory):
     run = root / "run"
     first = launch(run, "fleet.num_servers=2")
     wait_for_step(first, run, 2)
-    time.sleep(random.Random(KILL_SEED).uniform(0, 2))
+    time.sleep(random.Random(KILL_SEEDS[0]).uniform(0, 2))
     victim = registered(run / "fleet")[0]
     os.killpg(os.getpgid(victim.pid), signal.SIGKILL)  # a vLLM server dies mid-run
     wait_for_step(first, run, 4)
@@ -118,6 +120,9 @@ def faulty(tmp_path_factory):
     assert second.returncode != 0 and "trainer failed" in err2, err2[-4000:]
 
     third = launch(run, "fleet.num_servers=2")
+    wait_for_step(third, run, 10)
+    time.sleep(random.Random(KILL_SEEDS[1]).uniform(0, 2))
+    os.killpg(os.getpgid(registered(run / "fleet")[1].pid), signal.SIGKILL)  # the other server this time
     _, err3 = third.communicate(timeout=900)
     assert third.returncode == 0, err3[-6000:]
 
@@ -172,8 +177,8 @@ def test_the_actor_counts_and_the_data_order_match_the_stream(faulty):
     served = Counter(g.problem_id for g in groups) + Counter(p.problem_id for p in snap.in_flight)
     order = DomainOrder(ProblemPools(load_problems(run / "base" / "addition.jsonl")), seed=SEED)
     assert served == Counter(order.next("math").id for _ in range(sum(served.values())))
-    # one restart each: the killed server (whichever registered first) and the killed actor
-    assert err.count("actor exited with code -9") == 1 and len(re.findall(r"server_\d+ exited with code -9", err)) == 1
+    # one restart each: the two killed servers and the killed actor
+    assert err.count("actor exited with code -9") == 1 and len(re.findall(r"server_\d+ exited with code -9", err)) == 2
 
 
 def test_a_full_disk_under_the_stream_stops_the_run_cleanly(tmp_path):
