@@ -217,6 +217,14 @@ class StreamReader:
         self.cursor += 1
         return group
 
+    def read_all(self) -> list[RolloutGroup]:
+        """Every group written so far from ``cursor`` on, in order (a finished run's stream)."""
+        out = []
+        while (group := self.next_group()) is not None:
+            out.append(group)
+        return out
+
+
 def write_progress(root: str | Path, progress: TrainerProgress) -> None:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -47,19 +47,19 @@ def addition_problems(max_operand: int) -> list[Problem]:
             for a in range(max_operand + 1) for b in range(max_operand + 1)]
 
 
-def _task_corpus(problems: list[Problem]) -> list[str]:
-    return [p.prompt[0]["content"] + answer_text(int(p.reference)) for p in problems]
+def addition_examples(problems: list[Problem]) -> list[tuple[list[dict], str]]:
+    """(chat prompt, answer text) of each addition: the warm start's supervised pairs."""
+    return [(p.prompt, answer_text(int(p.reference))) for p in problems]
 
 
-def _sft(model, tok, problems: list[Problem], cfg: TinyBaseConfig) -> None:
+def _sft(model, tok, examples: list[tuple[list[dict], str]], cfg: TinyBaseConfig) -> None:
     """Teacher-forced cross-entropy on the answer tokens only (prompt tokens carry no loss)."""
     import torch
 
     rows = []
-    for p in problems:
-        prompt = tok.apply_chat_template(p.prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-        answer = tok(answer_text(int(p.reference)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        rows.append((prompt, answer))
+    for prompt_messages, answer in examples:
+        prompt = tok.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        rows.append((prompt, tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))
     width = max(len(a) + len(b) for a, b in rows)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
@@ -80,27 +80,33 @@ def _sft(model, tok, problems: list[Problem], cfg: TinyBaseConfig) -> None:
 
 
 def build_warm_base(out_dir: str | Path, cfg: TinyBaseConfig) -> Path:
-    """Write problems, tokenizer and warm-started weights into ``out_dir`` (once; atomic)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """Write the additions, tokenizer and warm-started weights into ``out_dir`` (once; atomic)."""
+    problems = addition_problems(cfg.max_operand)
+    return build_task_base(out_dir, cfg, problems, addition_examples(problems))
 
+
+def build_task_base(out_dir: str | Path, cfg: TinyBaseConfig, problems: list[Problem],
+                    examples: list[tuple[list[dict], str]]) -> Path:
+    """A tiny base warm-started on ``examples`` ((chat prompt, answer text) pairs), with
+    ``problems`` written beside it as ``addition.jsonl`` (``PROBLEMS_FILE``); built once (a
+    ``ready`` marker), atomically. The tokenizer also learns the examples' text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megatron_apriel.data.datasets import write_problems
     from megatron_apriel.tiny.model import TinySpec, build_tiny_model
 
     out = Path(out_dir)
     if (out / _READY).is_file():
         return out
-    from megatron_apriel.data.datasets import write_problems
-
-    problems = addition_problems(cfg.max_operand)
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    build_tiny_model(staging, TinySpec(seed=cfg.seed, num_experts=cfg.num_experts), extra_corpus=_task_corpus(problems))
-    from transformers import AutoTokenizer
-
+    corpus = [prompt[0]["content"] + answer for prompt, answer in examples]
+    build_tiny_model(staging, TinySpec(seed=cfg.seed, num_experts=cfg.num_experts), extra_corpus=corpus)
     tok = AutoTokenizer.from_pretrained(staging)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32)
-    _sft(model, tok, problems, cfg)
+    _sft(model, tok, examples, cfg)
     model.save_pretrained(staging, safe_serialization=True)
     write_problems(staging / PROBLEMS_FILE, problems)
     (staging / _READY).write_text(json.dumps({"problems": len(problems), "sft_steps": cfg.sft_steps}))

@@ -40,10 +40,7 @@ def scalars(run: Path, key: str) -> list[float]:
 
 
 def stream(run: Path) -> list:
-    reader, out = StreamReader(run / "rollouts"), []
-    while (g := reader.next_group()) is not None:
-        out.append(g)
-    return out
+    return StreamReader(run / "rollouts").read_all()
 
 
 def metrics(run: Path) -> list[dict]:

@@ -30,19 +30,12 @@ def write(writer: StreamWriter, ids: list[int], in_flight=()) -> list[RolloutGro
     return writer.append([group(i) for i in ids], snap(writer.next_seq + len(ids), in_flight))
 
 
-def read_all(reader: StreamReader) -> list[RolloutGroup]:
-    out = []
-    while (g := reader.next_group()) is not None:
-        out.append(g)
-    return out
-
-
 def test_round_trip_is_exact_and_numbered(tmp_path):
     writer = StreamWriter(tmp_path)
     written = write(writer, [0, 1, 2]) + write(writer, [3]) + write(writer, [4, 5])
     assert [g.seq for g in written] == [0, 1, 2, 3, 4, 5]
     assert list_segments(tmp_path) == [0, 3, 4]
-    got = read_all(StreamReader(tmp_path))
+    got = StreamReader(tmp_path).read_all()
     assert got == written  # token ids and float32 log-probs survive the base64 encoding bit for bit
     assert got[2].rollouts[1].logprobs.tolist() == [-0.5] * 5 and got[2].prompt_ids.tolist() == [1, 2, 2]
 
@@ -51,12 +44,12 @@ def test_cursor_resumes_anywhere_with_nothing_lost_or_repeated(tmp_path):
     writer = StreamWriter(tmp_path)
     for chunk in ([0, 1, 2], [3], [4, 5, 6, 7], [8, 9]):
         write(writer, chunk)
-    everything = [g.seq for g in read_all(StreamReader(tmp_path))]
+    everything = [g.seq for g in StreamReader(tmp_path).read_all()]
     for cursor in range(0, 11):
         first = StreamReader(tmp_path, cursor=0)
         head = [first.next_group().seq for _ in range(cursor)]
         resumed = StreamReader(tmp_path, cursor=first.cursor)  # as a trainer restarted from its checkpoint
-        assert head + [g.seq for g in read_all(resumed)] == everything
+        assert head + [g.seq for g in resumed.read_all()] == everything
 
 
 def test_reader_sees_segments_as_they_appear(tmp_path):
@@ -66,7 +59,7 @@ def test_reader_sees_segments_as_they_appear(tmp_path):
     write(writer, [0])
     assert reader.next_group().seq == 0 and reader.next_group() is None
     write(writer, [1, 2])
-    assert [g.seq for g in read_all(reader)] == [1, 2]
+    assert [g.seq for g in reader.read_all()] == [1, 2]
 
 
 def test_writer_continues_numbering_and_keeps_the_snapshot(tmp_path):
@@ -91,7 +84,7 @@ def test_a_writer_killed_mid_segment_leaves_a_readable_stream(tmp_path):
         time.sleep(0.4 + 0.13 * attempt)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
-        groups = read_all(StreamReader(tmp_path))
+        groups = StreamReader(tmp_path).read_all()
         assert [g.seq for g in groups] == list(range(len(groups)))
         assert len(groups) == StreamWriter(tmp_path).next_seq  # which also removes the torn temporary file
     assert not list(tmp_path.glob(".seg_*"))
@@ -103,7 +96,7 @@ def test_a_torn_temporary_file_is_ignored_and_cleaned_up(tmp_path):
     torn = tmp_path / ".seg_000000000002.json.tmp-999"  # what a writer killed mid-write leaves
     torn.write_bytes(whole[: len(whole) // 2])
     reader = StreamReader(tmp_path)
-    assert [g.seq for g in read_all(reader)] == [0, 1] and reader.next_group() is None
+    assert [g.seq for g in reader.read_all()] == [0, 1] and reader.next_group() is None
     writer = StreamWriter(tmp_path)
     assert not torn.exists() and writer.next_seq == 2
     assert [g.seq for g in write(writer, [2])] == [2] and reader.next_group().seq == 2
