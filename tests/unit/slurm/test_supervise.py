@@ -1,5 +1,6 @@
 """The SLURM task supervisor: nothing the command started outlives it, signals reach the command."""
 
+import json
 import os
 import signal
 import subprocess
@@ -55,3 +56,22 @@ def test_the_supervisor_ends_as_its_command_did():
     terminated = subprocess.run([*SUPERVISE, "bash", "-c", "kill -TERM $$"], timeout=60)
     assert terminated.returncode == -signal.SIGTERM
     assert subprocess.run([*SUPERVISE, "bash", "-c", "exit 5"], timeout=60).returncode == 5
+
+
+OUTLIVES_SIGKILL = """
+import json, subprocess
+from megatron_apriel import process
+child = subprocess.Popen(["sleep", "300"])
+process.descendants = lambda root: [child.pid]  # listed for good, as a process stuck in uninterruptible sleep is
+print(json.dumps(process.kill_below(child.pid, timeout_s=0.5)))
+"""
+
+
+def test_a_process_that_outlives_sigkill_is_named_not_raised():
+    """On a busy machine a SIGKILLed vLLM engine outlived the 5 s the supervisor used to give it: the
+    supervisor raised, apriel-serve exited 1 instead of -9, and the launcher misreported the server's
+    death. Now it waits (60 s by default), then names what is left and returns."""
+    proc = subprocess.run([sys.executable, "-c", OUTLIVES_SIGKILL], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    [pid] = json.loads(proc.stdout)
+    assert f"still there 0.5s after SIGKILL (uninterruptible sleep?): [{pid}]" in proc.stderr
