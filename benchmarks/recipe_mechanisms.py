@@ -49,6 +49,11 @@ MIX_VARIANTS = (("static_iid", [STATIC, IID]), ("adaptive_iid", [IID]), ("static
 low-discrepancy draws (``sampling/domain_sampler.py``); the last is the recipe as we run it."""
 
 
+def chosen(variants: tuple, smoke: bool) -> tuple:
+    """The variants a run compares; ``--smoke`` keeps the last one, the recipe's."""
+    return variants[-1:] if smoke else variants
+
+
 def log(msg: str) -> None:
     print(f"[mechanisms {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -90,7 +95,7 @@ def mix(args) -> dict:
     common = [*weights, f"rewards.max_len={args.mix_budget}", "rewards.buffer=8",
               "launch.export_hf=false"]
     out = {}
-    for name, extra in MIX_VARIANTS[-1:] if args.smoke else MIX_VARIANTS:
+    for name, extra in chosen(MIX_VARIANTS, args.smoke):
         run = train(args.out / f"mix_{name}", where, args.mix_steps, *common, *extra)
         out[name] = report.mix_report(run, tasks.MIX_WEIGHTS, min_completions=50,
                                       adaptive=name.startswith("adaptive"))
@@ -104,7 +109,7 @@ def dap(args) -> dict:
     where = base(args.out, "difficulty", problems, examples, args.dap_sft_steps)
     common = [f"rewards.max_len={args.dap_budget}", f"rewards.buffer={args.dap_buffer}"]
     out = {}
-    for name, enabled in (("standard", "false"), ("dap", "true"))[args.smoke:]:
+    for name, enabled in chosen((("standard", "false"), ("dap", "true")), args.smoke):
         run = train(args.out / f"dap_{name}", where, args.dap_steps, *common, f"rewards.dap_enabled={enabled}")
         checked, equal = report.dap_identity(run)
         out[name] = {"run": str(run), "identity": {"checked": checked, "equal": equal},
@@ -128,7 +133,7 @@ def budget(args) -> dict:
     b = args.dap_budget
     budgets = f"{b // 2},{b},{2 * b}"  # B/2 too: where the traces are cut, the frontier shows tokens' worth
     results = []
-    for label, checkpoint in (("base", start), ("dap-trained", trained))[args.smoke:]:
+    for label, checkpoint in chosen((("base", start), ("dap-trained", trained)), args.smoke):
         out = args.out / "eval" / label
         results.append(out)
         done = out / "report.json"

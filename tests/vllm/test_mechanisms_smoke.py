@@ -36,8 +36,9 @@ def test_mix_reports_every_domain_of_the_real_stream(smoke):
     assert adaptive["completed"] >= adaptive["trained"] >= 16 * 8
     assert sum(d["completed"] for d in domains.values()) == pytest.approx(1.0)
     assert sum(d["trained"] for d in domains.values()) == pytest.approx(1.0)
-    # the code sandbox starts a process per test: its verification is the slow one
-    assert domains["code"]["verify_s"] > domains["math"]["verify_s"]
+    # generation and verification times are measured per domain (which is slower is the benchmark's
+    # figure to read: comparing two timings here would fail on a busy machine)
+    assert all(d["generate_s"] > 0 and d["verify_s"] > 0 for d in domains.values())
     assert (root / "docs" / "mechanisms_mix.png").stat().st_size > 10_000
 
 

@@ -27,10 +27,7 @@ def run_dir(tmp_path_factory):
 
 
 def groups(run):
-    reader, out = StreamReader(run / "rollouts"), []
-    while (g := reader.next_group()) is not None:
-        out.append(g)
-    return out
+    return StreamReader(run / "rollouts").read_all()
 
 
 def test_every_domain_and_verifier_ran_without_verifier_errors(run_dir):
