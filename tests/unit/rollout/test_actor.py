@@ -82,11 +82,11 @@ def test_actor_keeps_every_trained_group_within_max_lag(tmp_path, max_lag):
     assert [g.seq for g in everything] == list(range(len(everything)))
     # the sampler counted every finished rollout, dropped groups included: the stream and its counts agree
     assert actor.sampler.counts() == {"math": sum(len(g.rollouts) for g in everything)}
-    assert StreamWriter(tmp_path).last_snapshot().sampler["counts"] == actor.sampler.counts()
+    snap = StreamWriter(tmp_path).last_snapshot()
+    assert snap.sampler["counts"] == actor.sampler.counts()
     # what was served, plus what was in flight when it stopped, is exactly a prefix of the data order
     # (not the stream's first groups: the stream is in completion order, and groups drawn one after
     # the other finish in any order, more so on a busy machine)
-    snap = StreamWriter(tmp_path).last_snapshot()
     served = Counter(g.problem_id for g in everything) + Counter(p.problem_id for p in snap.in_flight)
     order = DomainOrder(ProblemPools(addition_problems(4)), seed=3)
     assert served == Counter(order.next("math").id for _ in range(sum(served.values())))
