@@ -84,6 +84,10 @@ class _Server:
     tokens: Optional[float] = None
     progress_at: float = 0.0
     """When its generated-token counter last moved (or it last got work)."""
+    probe: Optional[asyncio.Task] = None
+    """Its ``/weight_info`` question in progress, shared by every request waiting on it."""
+    answering: bool = True
+    """Whether its last ``/weight_info`` question was answered (logged when it changes)."""
 
 
 def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -> Completion:
@@ -136,9 +140,10 @@ class FleetClient:
                 s.version = None
 
     async def aclose(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        tasks = [t for t in [self._watchdog, *(s.probe for s in self.servers)] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._http.aclose()
 
     async def _generated_tokens(self, server: _Server) -> Optional[float]:
@@ -191,7 +196,22 @@ class FleetClient:
             server.version = None if label == STARTUP_LABEL else parse_version_label(label)
         except (httpx.TransportError, httpx.HTTPStatusError) as err:
             server.down_until = time.monotonic() + self.cooldown_s
-            log.info("%s did not answer /weight_info (%s)", server.url, err)
+            if server.answering:
+                log.info("%s did not answer /weight_info (%s); asking again every %.0fs", server.url, err,
+                         self.cooldown_s)
+            server.answering = False
+            return
+        if not server.answering:
+            log.info("%s answers /weight_info again", server.url)
+        server.answering = True
+
+    def _probe_shared(self, server: _Server) -> asyncio.Future:
+        """The server's ``/weight_info`` question in progress, or a new one: requests waiting for a
+        version ask each server once between them, not once each (shielded: a cancelled waiter does
+        not cancel the others' question)."""
+        if server.probe is None or server.probe.done():
+            server.probe = asyncio.ensure_future(self._probe(server))
+        return asyncio.shield(server.probe)
 
     async def _acquire(self) -> _Server:
         """A server serving the required version; waits (up to ``timeout_s``) while none does."""
@@ -200,7 +220,7 @@ class FleetClient:
             current = [s for s in self.servers if self._current(s)]
             if current:
                 return self._pick(current)
-            await asyncio.gather(*(self._probe(s) for s in self.servers if s.down_until <= time.monotonic()))
+            await asyncio.gather(*(self._probe_shared(s) for s in self.servers if s.down_until <= time.monotonic()))
             if any(self._current(s) for s in self.servers):
                 continue
             if time.monotonic() > deadline:

@@ -229,3 +229,40 @@ def test_cancelling_the_caller_still_cancels_the_request():
         return "finished", None
 
     assert asyncio.run(go()) == ("cancelled", 0)
+
+
+def test_waiting_requests_ask_a_down_server_once_between_them_and_log_each_change_once(caplog):
+    """32 requests wait for the required version while the only server does not answer
+    ``/weight_info`` (a restarting vLLM): one question at a time goes to it, not one per request, and
+    the log says it is down once and back once (not a line per request per try)."""
+    asked = {"now": 0, "most": 0, "total": 0}
+
+    async def handler(request):
+        if request.url.path != "/weight_info":
+            return _ok()
+        asked["now"] += 1
+        asked["most"] = max(asked["most"], asked["now"])
+        asked["total"] += 1
+        try:
+            await asyncio.sleep(0.01)  # a slow answer: the other requests are waiting meanwhile
+            if asked["total"] <= 3:
+                raise httpx.ConnectError("restarting", request=request)
+            return httpx.Response(200, json={"weight_version": "1"})
+        finally:
+            asked["now"] -= 1
+
+    async def go():
+        client = FleetClient(["http://a"], cooldown_s=0.01, transport=httpx.MockTransport(handler))
+        client.required_version = 1
+        try:
+            return await asyncio.gather(*(client.generate([1], SamplingConfig()) for _ in range(32)))
+        finally:
+            await client.aclose()
+
+    with caplog.at_level("INFO", logger="megatron_apriel.rollout.client"):
+        done = asyncio.run(go())
+    assert len(done) == 32 and asked["total"] >= 4
+    assert asked["most"] == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("did not answer /weight_info" in m for m in lines) == 1, lines
+    assert sum("answers /weight_info again" in m for m in lines) == 1, lines
