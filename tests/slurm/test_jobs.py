@@ -179,7 +179,10 @@ def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, 
     wait_gone(job, 120, log)
     out = log.read_text()
     assert job_field(job, "JobState") == "CANCELLED", tail(log)
-    assert "waiting for the trainer to save" in out and "the trainer exited" in out, tail(log)
+    # the batch shell waits for the trainer; whether it lives to log "the trainer exited" is a race
+    # against KillWait (10 s here), when SLURM SIGKILLs it: under load the save plus the ranks' exit
+    # took longer. What matters, the trainer's save, is checked below.
+    assert "waiting for the trainer to save" in out, tail(log)
     trainer_log = (run / "logs" / "trainer.log").read_text()
     assert "stop request (SIGTERM) before step 2: saved step 2 and stopping" in trainer_log, trainer_log[-3000:]
     ckpts = run / "checkpoints"
