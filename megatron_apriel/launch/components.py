@@ -92,9 +92,11 @@ def components(run: RunConfig, argv: list[str]) -> list[Component]:
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *overrides],
                              logs / "actor.log", env, restarts_left=run.fleet.max_restarts))
-    port = run.launch.master_port or free_port()
+    # launch.master_port=0: torchrun binds a free port itself when it starts (--standalone). A port
+    # picked here could be taken by then: the servers start first and bind ports of their own.
+    rendezvous = (["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"])
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                                     str(run.launch.nproc_per_node), "--master_port", str(port), "-m",
+                                     str(run.launch.nproc_per_node), *rendezvous, "-m",
                                      "megatron_apriel.entrypoints.train", *overrides],
                          logs / "trainer.log", env))
     return out
