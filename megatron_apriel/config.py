@@ -34,7 +34,8 @@ class LaunchConfig:
     nproc_per_node: int = 1
     """Trainer ranks per node (on this machine: started by ``apriel-train`` when not under torchrun/srun)."""
     master_port: int = 0
-    """Rendezvous port for those ranks; 0: torchrun binds a free one as it starts (`--standalone`), so two runs on one machine never collide."""
+    """Rendezvous port for those ranks; 0: torchrun binds a free one as it starts (``--standalone``),
+    so two runs on one machine never collide."""
     dry_run: bool = False
     """Print the processes, ranks and resources the run would start, then exit."""
     export_hf: bool = True
