@@ -94,7 +94,7 @@ def components(run: RunConfig, argv: list[str]) -> list[Component]:
                              logs / "actor.log", env, restarts_left=run.fleet.max_restarts))
     # launch.master_port=0: torchrun binds a free port itself when it starts (--standalone). A port
     # picked here could be taken by then: the servers start first and bind ports of their own.
-    rendezvous = (["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"])
+    rendezvous = ["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"]
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                      str(run.launch.nproc_per_node), *rendezvous, "-m",
                                      "megatron_apriel.entrypoints.train", *overrides],
