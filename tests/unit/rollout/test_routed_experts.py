@@ -94,6 +94,21 @@ def test_records_refuse_ids_that_do_not_fit_the_sequence():
     assert RolloutGroup.model_validate(old).rollouts[0].routed_experts is None
 
 
+@pytest.mark.parametrize("extra", [3, 6, -3, -6])
+def test_records_refuse_a_payload_longer_or_shorter_by_whole_base64_blocks(extra):
+    """Bytes added or cut in multiples of 3 keep base64's padding as it was: only the length tells."""
+    ids = np.zeros((4, 2, 2), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.save(buf, ids, allow_pickle=False)
+    raw = buf.getvalue()
+    changed = raw + bytes(extra) if extra > 0 else raw[:extra]
+    data = base64.b64encode(changed).decode()
+    assert data.count("=") == base64.b64encode(raw).decode().count("=")  # the padding matches
+    with pytest.raises(ValueError, match="does not hold"):
+        RoutedExperts(shape=(4, 2, 2), dtype="uint8", data=data)
+    assert RoutedExperts(shape=(4, 2, 2), dtype="uint8", data=base64.b64encode(raw).decode())  # the whole one is kept
+
+
 def test_samples_carry_the_sparse_layers_and_leave_the_last_token_unrouted():
     g = _with_routing(group(0), rows=7, layers=3)
     ids = g.rollouts[0].routed_experts.array()

@@ -45,6 +45,14 @@ def test_groups_beyond_max_lag_are_skipped_and_counted(tmp_path, ctx):
     assert m["rollout/groups_stale"] == 1 and m["rollout/lag_mean"] == 0.5 and source.cursor == 3
 
 
+def test_a_group_exactly_max_lag_old_is_trained_and_one_older_is_skipped_and_counted(tmp_path, ctx):
+    write_groups(tmp_path, [(2, None), (3, None), (3, None)])  # at step 5: lags 3, 2, 2
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=2, max_lag=2), ctx, {"math": 1.0})
+    samples, m = source.next_batch(5)
+    assert m["rollout/groups_stale"] == 1 and source.cursor == 3 and len(samples) == 4
+    assert m["rollout/lag_max"] == 2 and m["rollout/lag_mean"] == 2
+
+
 def test_state_resumes_the_cursor(tmp_path, ctx):
     write_groups(tmp_path, [(0, None)] * 4)
     cfg = RolloutConfig(group_size=2, groups_per_step=1, max_lag=None)
