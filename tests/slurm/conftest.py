@@ -5,7 +5,6 @@ the jobs. Setting SLURM up needs root: the tests skip without it, and fail under
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -37,22 +36,6 @@ def slurm_cluster():
     if not was_up:
         stopped = subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)
         assert stopped.returncode == 0, f"tools/setup_slurm.sh stop failed:\n{stopped.stderr}"
-
-
-@pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory):
-    """The tiny run's warm-started base, built once and copied into each run directory (the job's
-    prepare step finds it ready and skips the build)."""
-    from megatron_apriel.tiny.base import build_warm_base
-    from megatron_apriel.tiny.config import TinyBaseConfig
-
-    return build_warm_base(tmp_path_factory.mktemp("tiny") / "base", TinyBaseConfig())
-
-
-def new_run_dir(parent: Path, tiny_base: Path) -> Path:
-    run = parent / "run"
-    shutil.copytree(tiny_base, run / "base")
-    return run
 
 
 def job_env(**extra: str) -> dict:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import (REPO, job_env, job_field, leftovers, new_run_dir, submit_cli, tail, wait_for,
-                                  wait_gone)
+from tests.conftest import new_run_dir
+from tests.slurm.conftest import REPO, job_env, job_field, leftovers, submit_cli, tail, wait_for, wait_gone
 
 pytestmark = pytest.mark.slurm
 STOP_GRACE_S = 20  # tiny_cpu's slurm.stop_grace_s, checked below against the rendered script

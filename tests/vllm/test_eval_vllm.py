@@ -39,6 +39,7 @@ import pytest
 from megatron_apriel.entrypoints.eval import main
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.rollout.types import Problem
+from tests.conftest import new_run_dir
 from tests.eval_fixtures import SUMS, write_all
 from tests.unit.conftest import launcher_env, require_root
 
@@ -50,15 +51,13 @@ VLLM_ARGS = ["--max-model-len", "512", "--max-num-seqs", "32"]
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
+def warm(tmp_path_factory, tiny_base):
     """The warm-started tiny model, a run directory holding it as a Megatron checkpoint, the files."""
     from megatron_apriel.convert.checkpoint import hf_to_mcore
-    from megatron_apriel.tiny.base import build_warm_base
-    from megatron_apriel.tiny.config import TinyBaseConfig
 
     root = tmp_path_factory.mktemp("eval_vllm")
-    run = root / "run"  # as apriel-train leaves it: config.yaml, base/, checkpoints/step_N/dist
-    base = build_warm_base(run / "base", TinyBaseConfig())
+    run = new_run_dir(root, tiny_base)  # as apriel-train leaves it: config.yaml, base/, checkpoints/step_N/dist
+    base = run / "base"
     (run / "config.yaml").write_text("model:\n  hf_path: null\n")
     step = run / "checkpoints" / "step_00000001"
     hf_to_mcore(base, step / "dist", progress=False)

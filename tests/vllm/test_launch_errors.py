@@ -5,13 +5,14 @@ import subprocess
 
 import pytest
 
+from tests.conftest import new_run_dir
 from tests.unit.conftest import launcher_env
 
 pytestmark = pytest.mark.vllm
 
 
-def test_a_server_that_never_becomes_healthy_fails_the_run_with_its_log(tmp_path):
-    run = tmp_path / "run"
+def test_a_server_that_never_becomes_healthy_fails_the_run_with_its_log(tmp_path, tiny_base):
+    run = new_run_dir(tmp_path, tiny_base)
     proc = subprocess.run([shutil.which("apriel-train"), "--config-name", "tiny_cpu", f"run_dir={run}",
                            "fleet.vllm_args=[--no-such-vllm-flag]"], capture_output=True, text=True, timeout=600,
                           env=launcher_env(), cwd=tmp_path)

@@ -11,6 +11,7 @@ import pytest
 from megatron_apriel.rollout.stream import StreamReader, StreamWriter
 from megatron_apriel.rollout.types import DOMAINS
 from megatron_apriel.sampling import AdaptiveDomainSampler, DOMAIN_MIX_PAPER
+from tests.conftest import new_run_dir
 from tests.unit.conftest import launcher_env
 
 pytestmark = pytest.mark.vllm
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    run = tmp_path_factory.mktemp("smoke") / "run"
+def run_dir(tmp_path_factory, tiny_base):
+    run = new_run_dir(tmp_path_factory.mktemp("smoke"), tiny_base)
     proc = subprocess.run([shutil.which("apriel-train"), "--config-name", "smoke_5domains", f"run_dir={run}"],
                           capture_output=True, text=True, timeout=1200, env=launcher_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
