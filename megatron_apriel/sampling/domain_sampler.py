@@ -72,8 +72,10 @@ class SamplerConfig:
 
     weights: Optional[dict[str, float]] = None
     """Unnormalised domain weights w_d; the target share of domain d is w_d / sum(w). Null: the
-    paper's mix (DOMAIN_MIX_PAPER). A preset gives the whole mix: domains it leaves out are not
-    sampled (null, not a default dict, so that Hydra does not merge a preset's mix into it)."""
+    paper's mix (DOMAIN_MIX_PAPER), which every config composed by ``config.py`` writes out. A
+    preset, or a dict on the command line, gives the whole mix: domains it leaves out are not
+    sampled (null, not a default dict, so that Hydra does not merge a preset's mix into it; the
+    command line's forms are in ``config.py``)."""
 
     min_completions: int = 50
     """Static sampling (p_d = t_d) until this many rollouts have completed in total."""
@@ -125,8 +127,8 @@ def _validate_weights(weights: Mapping[str, float]) -> None:
         if not isinstance(domain, str) or not domain:
             raise ValueError(f"domain name {domain!r} must be a non-empty string.")
         if not (isinstance(w, (int, float)) and w > 0 and w != float("inf")):
-            raise ValueError(f"weight of {domain!r} is {w!r}: weights must be finite and > 0; "
-                             "drop the domain from the mix instead of giving it weight 0.")
+            raise ValueError(f"actor.sampler.weights.{domain}={w!r}: weights must be finite and > 0; drop the domain "
+                             f"from the mix (~actor.sampler.weights.{domain}) instead of giving it weight 0.")
 
 
 class AdaptiveDomainSampler:
