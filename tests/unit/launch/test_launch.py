@@ -141,6 +141,14 @@ def test_the_dry_run_prints_the_mix_each_override_form_gives(tmp_path, preset, f
     assert all(o in proc.stdout for o in overrides)  # and the processes get them as given
 
 
+def test_the_dry_run_refuses_a_mix_domain_without_data_and_a_bad_weight_in_one_line(tmp_path):
+    proc = dry_run(tmp_path, "smoke_5domains", "+actor.sampler.weights.science=0.2")
+    assert proc.returncode == 2 and "['science'] have weight > 0 in actor.sampler.weights" in proc.stderr
+    proc = dry_run(tmp_path, "apriel_15b", "actor.sampler.weights.code=-1")
+    [line] = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and line.startswith("apriel-train: error: actor.sampler.weights.code=-1.0")
+
+
 def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tmp_path):
     import os
     import time
