@@ -6,11 +6,13 @@
 
 1. **Mix under heterogeneity** (``mix``): math, code and logic problems (``mechanisms/tasks.py``)
    whose rollouts differ in length, verifier cost (the code sandbox starts a process per test) and
-   solve rate; the same run twice, static weights (the sampler's warm-up never ends) and adaptive
-   (the recipe's sampler), same seed and steps. Per domain: target share, realised share of
-   completed and of trained rollouts, |error| in percentage points at the end and averaged after
-   the warm-up; the sampler's probabilities over the run (recomputed from the stream, checked
-   against the actor's saved sampler counts).
+   solve rate; the same run with static weights (the sampler's warm-up never ends) and adaptive
+   (the recipe's sampler), with i.i.d. and low-discrepancy draws, and adaptive counting trained
+   rollouts (``actor.sampler.count=trained``), same seed and steps. Per domain: target share,
+   realised share of completed and of trained rollouts, |error| in percentage points at the end
+   and averaged after the warm-up; per variant, the largest |trained share - target| over the
+   domains; the sampler's probabilities over the run (recomputed from the stream, checked against
+   the actor's saved sampler counts).
 2. **DAP by difficulty** (``dap``): easy and hard sums, a budget whose overlong buffer holds the
    long (stepwise) answers; the standard length penalty against DAP. Per difficulty: mean and p90
    length and success over training; and every correct rollout's recorded reward recomputed from
@@ -44,9 +46,12 @@ from megatron_apriel.tiny.config import TinyBaseConfig
 STATIC = f"actor.sampler.min_completions={10**9}"
 """The static runs: the sampler's warm-up (p_d = t_d) never ends."""
 IID = "actor.sampler.draws=iid"
-MIX_VARIANTS = (("static_iid", [STATIC, IID]), ("adaptive_iid", [IID]), ("static", [STATIC]), ("adaptive", []))
+TRAINED = "actor.sampler.count=trained"
+MIX_VARIANTS = (("static_iid", [STATIC, IID]), ("adaptive_iid", [IID]), ("static", [STATIC]),
+                ("adaptive_trained", [TRAINED]), ("adaptive", []))
 """Static against adaptive weights, each with the authors' i.i.d. draws and with our default
-low-discrepancy draws (``sampling/domain_sampler.py``); the last is the recipe as we run it."""
+low-discrepancy draws (``sampling/domain_sampler.py``); adaptive counting the rollouts of groups
+that will be trained rather than every completed one; the last is the recipe as we run it."""
 
 
 def chosen(variants: tuple, smoke: bool) -> tuple:
@@ -91,9 +96,8 @@ def base(out: Path, name: str, problems, examples, sft_steps: int) -> Path:
 def mix(args) -> dict:
     problems, examples = tasks.mix_tasks()
     where = base(args.out, "mix", problems, examples, args.mix_sft_steps)
-    weights = [f"{'' if d == 'math' else '+'}actor.sampler.weights.{d}={w}" for d, w in tasks.MIX_WEIGHTS.items()]
-    common = [*weights, f"rewards.max_len={args.mix_budget}", "rewards.buffer=8",
-              "launch.export_hf=false"]
+    weights = "actor.sampler.weights={" + ",".join(f"{d}:{w}" for d, w in tasks.MIX_WEIGHTS.items()) + "}"
+    common = [weights, f"rewards.max_len={args.mix_budget}", "rewards.buffer=8", "launch.export_hf=false"]
     out = {}
     for name, extra in chosen(MIX_VARIANTS, args.smoke):
         run = train(args.out / f"mix_{name}", where, args.mix_steps, *common, *extra)
@@ -162,14 +166,18 @@ def budget(args) -> dict:
 # --- printing ---------------------------------------------------------------------------------------
 
 def print_mix(name: str, r: dict) -> None:
-    print(f"\nmix, {name}: {r['completed']} completed rollouts, {r['trained']} trained")
+    print(f"\nmix, {name} (actor.sampler.count={r['count']}): {r['completed']} completed rollouts, "
+          f"{r['trained']} trained")
     print(f"{'domain':8} {'target':>7} {'completed':>9} {'trained':>8} {'|err| end':>9} {'mean after warm-up':>18} "
-          f"{'max 2nd half':>12} {'trained':>8} {'length':>6} {'success':>7} {'dropped':>7} {'gen s':>6} {'verify s':>8}")
+          f"{'max 2nd half':>12} {'trained':>8} {'trained mean':>12} {'length':>6} {'success':>7} {'dropped':>7} "
+          f"{'gen s':>6} {'verify s':>8}")
     for d, x in r["domains"].items():
         print(f"{d:8} {100 * x['target']:6.1f}% {100 * x['completed']:8.1f}% {100 * x['trained']:7.1f}% "
               f"{x['err_end_pp']:7.2f}pp {_pp(x['err_after_warmup_pp']):>18} {_pp(x['err_max_second_half_pp']):>12} "
-              f"{x['err_trained_pp']:6.2f}pp {x['length']:6.1f} {x['success']:7.2f} {x['dropped']:7.2f} "
-              f"{x['generate_s']:6.2f} {x['verify_s']:8.3f}")
+              f"{x['err_trained_pp']:6.2f}pp {_pp(x['err_trained_after_warmup_pp']):>12} {x['length']:6.1f} "
+              f"{x['success']:7.2f} {x['dropped']:7.2f} {x['generate_s']:6.2f} {x['verify_s']:8.3f}")
+    print(f"largest |trained share - target| over the domains: {_pp(r['trained_err_end_pp'])} at the end of the run, "
+          f"{_pp(r['trained_err_after_warmup_pp'])} averaged after the warm-up")
 
 
 def _pp(x: float | None) -> str:

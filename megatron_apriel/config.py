@@ -6,13 +6,27 @@ the key); ``to_run_config`` then builds the dataclasses, whose ``__post_init__``
 says how to fix a bad value. ``RunConfig`` checks what spans components: one output budget
 (``rewards.max_len`` is vLLM's ``max_tokens``; ``trainer.seq_len`` must hold the longest prompt
 plus it) and one temperature (``loss.temperature`` is also the sampling temperature).
+
+The domain mix (``actor.sampler.weights``) is written out in every config composed here: the
+preset's, or the paper's (``DOMAIN_MIX_PAPER``) where the preset gives none. Its overrides are
+applied by `complete_mix`, not by Hydra, which merges a dict into a dict and cannot fill a null:
+
+    actor.sampler.weights={math:0.6,code:0.4}     the whole mix (domains left out are not sampled)
+    actor.sampler.weights.code=0.3                change one domain of the mix
+    +actor.sampler.weights.DOMAIN=W               add one (++: add or change)
+    ~actor.sampler.weights.DOMAIN                 drop one
+
+The schema's default stays null (the paper's mix) so that a preset's mix replaces it instead of
+being merged into it. Entry points compose through `compose_config` or `hydra_entry`, which both
+do this.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +35,7 @@ from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig, SamplingConfig
+from megatron_apriel.sampling.domain_sampler import DOMAIN_MIX_PAPER
 from megatron_apriel.slurm.config import SlurmConfig
 from megatron_apriel.tiny.config import TinyBaseConfig
 from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
@@ -138,21 +153,115 @@ def hydra_error(err: Exception) -> str:
     return message
 
 
+MIX_KEY = "actor.sampler.weights"
+MIX_FORMS = (f"{MIX_KEY}={{math:0.6,code:0.4}} (the whole mix), {MIX_KEY}.code=0.3 (change one), "
+             f"+{MIX_KEY}.DOMAIN=W (add one), ~{MIX_KEY}.DOMAIN (drop one)")
+
+
+def split_mix_overrides(args: list[str]) -> tuple[list[str], list[Any]]:
+    """``(the other arguments, the mix's overrides parsed)``: those of ``args`` whose key is
+    ``actor.sampler.weights`` or under it, for `complete_mix`; the rest go to Hydra unchanged."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    rest, mix = [], []
+    for arg in args:
+        key = arg.lstrip("+~").partition("=")[0]
+        if key != MIX_KEY and not key.startswith((MIX_KEY + ".", MIX_KEY + "@")):
+            rest.append(arg)
+            continue
+        try:
+            mix += OverridesParser.create().parse_overrides([arg])
+        except HydraException as err:
+            raise ValueError(hydra_error(err)) from err
+    return rest, mix
+
+
+def complete_mix(cfg: DictConfig, overrides: list[Any]) -> DictConfig:
+    """Write the domain mix out in ``cfg`` (the preset's; DOMAIN_MIX_PAPER where it is null), then
+    apply the mix's overrides in order (forms: the module docstring). Returns ``cfg``; an override
+    that does not fit the mix raises ``ValueError`` naming it and the form that would work."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    node = OmegaConf.select(cfg, MIX_KEY)
+    mix = dict(DOMAIN_MIX_PAPER) if node is None else OmegaConf.to_container(node)
+    for override in overrides:
+        mix = _apply_mix_override(mix, override)
+    try:
+        OmegaConf.update(cfg, MIX_KEY, mix, merge=False)  # the mix as a whole, not merged into the preset's
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{MIX_KEY}={mix}: {hydra_error(err)}") from err
+    return cfg
+
+
+def _apply_mix_override(mix: dict, override) -> dict:
+    text = override.input_line
+    domain = override.key_or_group[len(MIX_KEY) + 1:]
+    if override.package is not None or override.is_sweep_override() or "." in domain:
+        raise ValueError(f"override {text!r}: the domain mix takes {MIX_FORMS}.")
+    if not domain:
+        if override.is_delete() or not isinstance(override.value(), dict):
+            raise ValueError(f"override {text!r}: give the whole mix as a dict, e.g. {MIX_KEY}={{math:0.6,code:0.4}}.")
+        return dict(override.value())
+    if override.is_delete():
+        if domain not in mix:
+            raise ValueError(f"override {text!r}: {domain!r} is not in the mix {sorted(mix)}.")
+        return {d: w for d, w in mix.items() if d != domain}
+    if override.is_add() and domain in mix:
+        raise ValueError(f"override {text!r}: {domain!r} is in the mix already; change it with "
+                         f"{MIX_KEY}.{domain}={override.value()}.")
+    if not (override.is_add() or override.is_force_add()) and domain not in mix:
+        raise ValueError(f"override {text!r}: {domain!r} is not in the mix {sorted(mix)}; add it with "
+                         f"+{MIX_KEY}.{domain}={override.value()}.")
+    return {**mix, domain: override.value()}
+
+
 def compose_config(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> DictConfig:
-    """The config of ``--config-name config_name overrides...`` as ``apriel-train`` composes it;
-    ``config_dir`` adds a directory of the user's own presets (Hydra's ``--config-dir``). A preset
-    that does not exist, an unknown key or an ill-typed value raises ``ValueError`` (one line)."""
+    """The config of ``--config-name config_name overrides...`` as ``apriel-train`` composes it,
+    the domain mix written out (`complete_mix`); ``config_dir`` adds a directory of the user's own
+    presets (Hydra's ``--config-dir``). A preset that does not exist, an unknown key, an ill-typed
+    value or a mix override that does not fit raises ``ValueError`` (one line)."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
+    rest, mix = split_mix_overrides(overrides)
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:
         with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
-            return compose(config_name=config_name, overrides=[*overrides, *extra])
+            cfg = compose(config_name=config_name, overrides=[*rest, *extra])
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(hydra_error(err)) from err
+    return complete_mix(cfg, mix)
+
+
+def hydra_entry(task: Callable[[DictConfig], None]) -> None:
+    """Run ``task`` as ``@hydra.main`` would (``--config-name``, default tiny_cpu, ``--config-dir``,
+    Hydra's flags), on the config with the domain mix written out (`complete_mix`). Hydra parses
+    ``sys.argv`` without the mix's overrides; ``task`` sees ``sys.argv`` whole again, to pass on.
+    Hydra's job is named after ``task``'s file (``train``, ``actor``), as with the decorator there."""
+    import hydra
+
+    argv = list(sys.argv)
+    rest, mix = split_mix_overrides(argv[1:])
+    if not any(a.lstrip("+").startswith("hydra.job.name=") for a in rest):
+        rest.append(f"hydra.job.name={Path(task.__code__.co_filename).stem}")  # __module__ may be __main__
+    if mix and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in rest):
+        raise ValueError("Hydra's --cfg prints the config before the domain mix overrides apply: drop --cfg and "
+                         "add launch.dry_run=true to see the mix the run would use.")
+
+    @hydra.main(config_path="conf", config_name="tiny_cpu", version_base=None)
+    def _task(cfg: DictConfig) -> None:
+        sys.argv[:] = argv
+        task(complete_mix(cfg, mix))
+
+    register_configs()
+    sys.argv[:] = [argv[0], *rest]
+    try:
+        _task()
+    finally:
+        sys.argv[:] = argv
 
 
 def compose_run(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> tuple[RunConfig, DictConfig]:

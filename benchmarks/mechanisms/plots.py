@@ -9,17 +9,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-STYLES = {"static_iid": "--", "adaptive_iid": "-", "static": "--", "adaptive": "-", "standard": "--", "dap": "-"}
-"""The baseline dashed, the recipe's mechanism solid."""
+STYLES = {"static_iid": "--", "adaptive_iid": "-", "static": "--", "adaptive": "-", "adaptive_trained": "-.",
+          "standard": "--", "dap": "-"}
+"""The baseline dashed, the recipe's mechanism solid, the trained count dash-dotted."""
 VARIANT_COLORS = {"static_iid": "tab:orange", "adaptive_iid": "tab:orange", "static": "tab:purple",
-                  "adaptive": "tab:purple"}
+                  "adaptive": "tab:purple", "adaptive_trained": "tab:brown"}
 COLORS = {"math": "tab:blue", "code": "tab:red", "logic": "tab:green", "easy": "tab:blue", "hard": "tab:red"}
 
 
 def mix_figure(runs: dict, path: Path) -> Path:
     """Left: share of completed rollouts per domain as the run goes, static (dashed) against
     adaptive (solid), i.i.d. draws, targets dotted. Middle: the largest |share - target| over the
-    domains, every variant. Right: the adaptive sampler's probabilities (i.i.d. draws)."""
+    domains, every variant, of completed rollouts, and of trained ones (thin) for the adaptive
+    sampler counting completed and trained rollouts. Right: the adaptive sampler's probabilities
+    (i.i.d. draws)."""
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     shown = [n for n in ("static_iid", "adaptive_iid") if n in runs] or list(runs)
     for name in shown:
@@ -33,6 +36,10 @@ def mix_figure(runs: dict, path: Path) -> Path:
         xs = [n for n, _, _ in run["trace"]]
         gap = [100 * max(abs(s[d] - t) for d, t in targets.items()) for _, s, _ in run["trace"]]
         middle.plot(xs, gap, STYLES[name], color=VARIANT_COLORS[name], label=name)
+        if name in ("adaptive", "adaptive_trained") and run.get("trained_trace"):
+            xs = [n for n, _ in run["trained_trace"]]
+            gap = [100 * max(abs(s[d] - t) for d, t in targets.items()) for _, s in run["trained_trace"]]
+            middle.plot(xs, gap, STYLES[name], color=VARIANT_COLORS[name], linewidth=0.8, label=f"{name}, trained")
     adaptive = runs.get("adaptive_iid", runs.get("adaptive"))
     if adaptive is not None:
         xs = [n for n, _, _ in adaptive["trace"]]
@@ -41,7 +48,7 @@ def mix_figure(runs: dict, path: Path) -> Path:
     left.set(xlabel="completed rollouts", ylabel="share of completed rollouts (%)", title="realised mix (dotted: target)")
     left.legend(fontsize=7, ncol=2)
     middle.set(xlabel="completed rollouts", ylabel="largest |share - target| (pp)", yscale="log", ylim=(1e-2, 100),
-               title="gap to the target mix")
+               title="gap to the target mix (thin: of trained rollouts)")
     middle.legend(fontsize=8)
     for axis in (middle, right):
         axis.axvline(50, color="grey", linewidth=0.8)

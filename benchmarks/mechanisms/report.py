@@ -51,42 +51,73 @@ def trained_by_step(run: Path, groups: list) -> list[list]:
 def mix_report(run: Path, weights: dict[str, float], min_completions: int, adaptive: bool) -> dict:
     """Per domain: target share, realised share of completed and of trained rollouts, |error| in
     percentage points at the end, averaged over the run after the warm-up and at most over its
-    second half (by completions); the share of its groups dropped (zero advantage); and the trace of
-    cumulative completed shares and of the sampler's probabilities, completion by completion.
+    second half (by completions); the same at the end and averaged after the warm-up for the
+    trained rollouts; the share of its groups dropped (zero advantage); and the trace of cumulative
+    completed shares and of the sampler's probabilities, completion by completion, and of
+    cumulative trained shares, trained group by trained group (placed at the completed rollouts
+    up to it). The warm-up is the first ``min_completions`` completed rollouts.
 
     The probabilities are recomputed by feeding the stream's groups, in order, to a fresh sampler
-    (the actor calls ``record_completion`` in that order); its final counts must equal the
-    sampler state the actor saved with its last stream segment."""
+    with the run's ``actor.sampler.count`` (the actor calls ``record_completion`` in that order,
+    saying whether each group is dropped); its final counts, both of them, must equal the sampler
+    state the actor saved with its last stream segment."""
     groups = stream(run)
-    sampler = AdaptiveDomainSampler(weights, min_completions=min_completions if adaptive else 10**12)
+    count = config(run)["actor"]["sampler"].get("count", "completed")  # runs of earlier releases: completed
+    sampler = AdaptiveDomainSampler(weights, min_completions=min_completions if adaptive else 10**12, count=count)
     targets, counts = sampler.targets, {d: 0 for d in weights}
     trace = []  # (completed rollouts, shares, probabilities)
     for g in groups:
         counts[g.domain] += len(g.rollouts)
-        sampler.record_completion(g.domain, len(g.rollouts))
+        sampler.record_completion(g.domain, len(g.rollouts), trained=g.dropped is None)
         total = sum(counts.values())
         trace.append((total, {d: counts[d] / total for d in weights}, sampler.probabilities()))
-    saved = StreamWriter(run / "rollouts").last_snapshot().sampler["counts"]
-    assert saved == counts, f"the stream's completions {counts} differ from the actor's sampler counts {saved}"
+    saved = StreamWriter(run / "rollouts").last_snapshot().sampler
+    assert saved["counts"] == counts, f"the stream's completions {counts} differ from the actor's {saved}"
+    if saved["version"] >= 3:  # a run of an earlier release saved no trained counts
+        assert saved["trained"] == sampler.counts("trained"), f"the stream's kept rollouts differ from {saved}"
+    steps = trained_by_step(run, groups)
+    trained_trace = _trained_trace(groups, steps, weights)
     trained = {d: 0 for d in weights}
-    for step in trained_by_step(run, groups):
-        for g in step:
-            trained[g.domain] += len(g.rollouts)
+    for g in (g for step in steps for g in step):
+        trained[g.domain] += len(g.rollouts)
     after = [shares for n, shares, _ in trace if n >= min_completions]
+    trained_after = [shares for n, shares in trained_trace if n >= min_completions]
     second_half = [shares for n, shares, _ in trace if n >= trace[-1][0] / 2]
     rows = {}
     for d, t in targets.items():
         completed = counts[d] / sum(counts.values())
         rows[d] = {"target": t, "completed": completed, "trained": trained[d] / sum(trained.values()),
                    "err_end_pp": 100 * abs(completed - t),
-                   "err_after_warmup_pp": 100 * float(np.mean([abs(s[d] - t) for s in after])) if after else None,
+                   "err_after_warmup_pp": _mean_gap_pp(after, d, t),
                    "err_max_second_half_pp": 100 * max(abs(s[d] - t) for s in second_half),
                    "err_trained_pp": 100 * abs(trained[d] / sum(trained.values()) - t),
+                   "err_trained_after_warmup_pp": _mean_gap_pp(trained_after, d, t),
                    "length": float(np.mean([r.length for g in groups if g.domain == d for r in g.rollouts])),
                    "success": float(np.mean([r.success for g in groups if g.domain == d for r in g.rollouts])),
                    "dropped": float(np.mean([g.dropped is not None for g in groups if g.domain == d])),
                    **_timings(groups, d)}
-    return {"domains": rows, "completed": sum(counts.values()), "trained": sum(trained.values()), "trace": trace}
+    after_warmup = [row["err_trained_after_warmup_pp"] for row in rows.values()]
+    return {"domains": rows, "count": count, "completed": sum(counts.values()), "trained": sum(trained.values()),
+            "trained_err_end_pp": max(row["err_trained_pp"] for row in rows.values()),
+            "trained_err_after_warmup_pp": None if None in after_warmup else max(after_warmup),
+            "trace": trace, "trained_trace": trained_trace}
+
+
+def _trained_trace(groups: list, steps: list[list], weights: dict[str, float]) -> list[tuple[int, dict]]:
+    """(completed rollouts so far, cumulative trained shares) after each trained group, in stream order."""
+    seqs = {g.seq for step in steps for g in step}
+    completed, counts, out = 0, {d: 0 for d in weights}, []
+    for g in groups:
+        completed += len(g.rollouts)
+        if g.seq in seqs:
+            counts[g.domain] += len(g.rollouts)
+            total = sum(counts.values())
+            out.append((completed, {d: counts[d] / total for d in weights}))
+    return out
+
+
+def _mean_gap_pp(shares: list[dict], domain: str, target: float) -> float | None:
+    return 100 * float(np.mean([abs(s[domain] - target) for s in shares])) if shares else None
 
 
 def _timings(groups: list, domain: str) -> dict[str, float]:

@@ -17,10 +17,9 @@ import logging
 import signal
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.config import RunConfig, hydra_entry, register_configs, to_run_config
 from megatron_apriel.logs import setup_logging
 
 log = logging.getLogger("megatron_apriel.actor")
@@ -76,14 +75,13 @@ async def _run_actor(run: RunConfig) -> None:
     log.info("actor stopped: %d groups in the stream", actor.stream.next_seq)
 
 
-@hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
 def _main(cfg: DictConfig) -> None:
     setup_logging("actor")
     asyncio.run(_run_actor(to_run_config(cfg)))
 
 
 def main() -> None:
-    _main()
+    hydra_entry(_main)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Optional
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from megatron_apriel.config import RunConfig, register_configs, to_run_config
+from megatron_apriel.config import RunConfig, hydra_entry, register_configs, to_run_config
 from megatron_apriel.logs import setup_logging
 from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
@@ -151,7 +150,6 @@ def refuse(err: Exception) -> NoReturn:
     raise SystemExit(2)
 
 
-@hydra.main(config_path="../conf", config_name="tiny_cpu", version_base=None)
 def _main(cfg: DictConfig) -> None:
     from megatron_apriel.parallel.launcher_env import trainer_rank_env
 
@@ -210,7 +208,10 @@ def main() -> None:
             compose_config(*args)
         except ValueError as err:
             refuse(err)
-    _main()
+    try:
+        hydra_entry(_main)
+    except ValueError as err:  # a domain mix override that does not parse (Hydra reports what _main raises)
+        refuse(err)
 
 
 if __name__ == "__main__":

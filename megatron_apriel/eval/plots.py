@@ -5,9 +5,10 @@
   no other model beats on both axes;
 - `lengths_figure`: per benchmark, the histogram of response lengths of each model;
 - `budget_figure`: per benchmark, pass@1 when every trace is cut at a token budget and rescored;
-- `training_curves_figure`: reward and response length per domain, and the realised domain mix
-  against its target, from a run directory's TensorBoard log (``RUN/tensorboard``: the tags
-  ``domain/<d>/reward``, ``domain/<d>/length``, ``mix/<d>/realised``, ``mix/<d>/target``).
+- `training_curves_figure`: reward and response length per domain, and the domain mix of completed
+  and of trained rollouts against its target, from a run directory's TensorBoard log
+  (``RUN/tensorboard``: the tags ``domain/<d>/reward``, ``domain/<d>/length``, ``mix/<d>/realised``,
+  ``mix/<d>/trained``, ``mix/<d>/target``).
 
 Each ``*_figure`` returns the matplotlib Figure (tests read its axes); ``plot_*`` save PNGs.
 """
@@ -161,7 +162,7 @@ def training_curves_figure(run_dir: Path):
     scalars = read_scalars(Path(run_dir) / "tensorboard")
     panels = (("domain/{d}/reward", "reward", "reward per domain"),
               ("domain/{d}/length", "response length (tokens)", "mean response length per domain"),
-              ("mix/{d}/realised", "domain share", "realised domain mix (dotted: target)"))
+              ("mix/{d}/realised", "domain share", "domain mix: completed (dashed: trained, dotted: target)"))
     fig, axes = _axes(3, f"training curves: {Path(run_dir).name}")
     domains = sorted({tag.split("/")[1] for tag in scalars if tag.startswith(("domain/", "mix/"))})
     if not domains:
@@ -171,9 +172,11 @@ def training_curves_figure(run_dir: Path):
             series = scalars.get(pattern.format(d=d))
             if series:
                 line, = ax.plot([s for s, _ in series], [v for _, v in series], label=d)
-                target = scalars.get(f"mix/{d}/target") if pattern.startswith("mix/") else None
-                if target:
-                    ax.plot([s for s, _ in target], [v for _, v in target], ":", color=line.get_color())
+                if pattern.startswith("mix/"):
+                    for tag, style in (("trained", "--"), ("target", ":")):
+                        other = scalars.get(f"mix/{d}/{tag}")  # trained: absent from runs of earlier releases
+                        if other:
+                            ax.plot([s for s, _ in other], [v for _, v in other], style, color=line.get_color())
         ax.set(xlabel="step", ylabel=ylabel, title=title)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)

@@ -34,5 +34,14 @@ def preflight(run: RunConfig) -> None:
     server_flags(run)
     if not run.launch.dry_run:
         prepare_base(run)
-    if not run.launch.dry_run or not run.tiny_base.enabled or Path(run.model.hf_path).is_dir():
+    if not (run.launch.dry_run and _data_in_unbuilt_base(run)):
         training_pools(run.actor.data, run.actor.sampler.mix)  # bad rows, domains without problems
+
+
+def _data_in_unbuilt_base(run: RunConfig) -> bool:
+    """Whether a data file is one the tiny base writes when it is built (tiny_cpu's sums), and the
+    base is not built yet: then a dry run cannot read the problems (the launch does, after building)."""
+    if not run.tiny_base.enabled or Path(run.model.hf_path).is_dir():
+        return False
+    base = Path(run.model.hf_path).resolve()
+    return any(Path(f).resolve().is_relative_to(base) for f in run.actor.data)

@@ -33,7 +33,7 @@ def describe(run: RunConfig, components: list[Component]) -> str:
     if run.rollout.source == "fleet":
         lines.append(f"rollouts: vLLM fleet -> actor -> {run.run_dir}/rollouts; budget {run.rewards.max_len} tokens, "
                      f"temperature {run.loss.temperature}, max_lag {run.rollout.max_lag}, "
-                     f"mix {run.actor.sampler.mix}"
+                     f"mix {run.actor.sampler.mix} (actor.sampler.count={run.actor.sampler.count})"
                      f"{', routing replay' if run.rollout.routing_replay and dims.ep and arch and arch.is_moe else ''}")
         lines.append(f"weight sync: every step, backend {run.weight_sync.backend}, buckets of "
                      f"{run.weight_sync.bucket_bytes / 2**20:.0f} MiB, stage ports from {run.weight_sync.base_port}")

@@ -11,15 +11,17 @@ than ``actor.max_queued_steps`` steps' worth of groups wait ahead of the trainer
 it that the trainer will skip (dropped by the filters) do not count: only those in flight, whose
 fate is unknown, are counted as if they will be trained, so the bound stays exact and the actor
 does not sit idle while most groups are filtered (an easy dataset). The sampler
-counts each finished rollout (a group adds G), as the recipe says. Groups are written as they
-finish (batched per ``flush_interval_s``), each segment with a snapshot of the actor's state, from
-which a restarted actor continues: it regenerates the groups that were in flight.
+counts each finished rollout (a group adds G), and whether its group will be trained: it steers
+by the completed counts, as the recipe says, or by the trained ones (``actor.sampler.count``).
+Groups are written as they finish (batched per ``flush_interval_s``), each segment with a snapshot
+of the actor's state (both counts among it), from which a restarted actor continues: it
+regenerates the groups that were in flight.
 
 Groups the trainer must not learn from are still written, marked ``dropped`` (their rollouts did
 complete, so the sampler and the stream agree): ``zero_advantage`` (every advantage ~0, dynamic
 sampling) and ``verifier_error`` (a verifier crashed on one of its rollouts: the verdict is not
 the model's, so the whole group is left out, and counted, rather than trained on a biased
-baseline).
+baseline). Neither counts as trained.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from megatron_apriel.rollout.lag import may_admit
 from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
                                             read_progress)
 from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, RolloutGroup
-from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler
+from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, state_from_v2
 
 log = logging.getLogger("megatron_apriel.actor")
 
@@ -82,10 +84,23 @@ class Actor:
         if snap is None:
             return []
         self._scan_backlog = True  # once the trainer's cursor is known: which written groups it will train
-        self.sampler.load_state_dict(snap.sampler)
+        self.sampler.load_state_dict(self._sampler_state(snap))
         self.order.load_state_dict(snap.order)
         log.info("resumed at group %d (%d in flight regenerated)", snap.next_seq, len(snap.in_flight))
         return list(snap.in_flight)
+
+    def _sampler_state(self, snap: ActorSnapshot) -> dict:
+        """The snapshot's sampler state; one written before the trained counts (version 2) gets
+        them recounted from the groups of the stream up to it (read once, at this resume)."""
+        if snap.sampler.get("version") != 2:
+            return snap.sampler
+        log.info("the stream's sampler state predates the trained counts: recounting them from its %d groups",
+                 snap.next_seq)
+        trained, reader = collections.Counter(), StreamReader(self.stream.root)
+        while (group := reader.next_group()) is not None:
+            if group.dropped is None:
+                trained[group.domain] += len(group.rollouts)
+        return state_from_v2(snap.sampler, trained)
 
     # -- one group -----------------------------------------------------------------------------
     async def _group(self, pending: PendingGroup) -> Optional[RolloutGroup]:
@@ -150,7 +165,7 @@ class Actor:
                 continue
             if group is None:
                 continue
-            self.sampler.record_completion(group.domain, len(group.rollouts))
+            self.sampler.record_completion(group.domain, len(group.rollouts), trained=group.dropped is None)
             self.finished.append(group)
             self.stats["groups"] += 1
             self.stats["tokens"] += sum(r.length for r in group.rollouts)

@@ -14,6 +14,11 @@ restarted server up to date). Once the step is full rank 0 sends every rank the 
 (which rollouts each DP rank trains, balanced by tokens, and the step's rollout metrics), and
 each rank loads its own rollouts from the segment files. The cursor is the source's state: it
 is saved in the trainer's checkpoints, so a resumed run reads exactly the groups that follow.
+
+The domain mix, per step and over the run so far: ``mix/<d>/realised`` is domain d's share of the
+groups read (every completed group, dropped and stale ones included: the mix the sampler holds
+with ``actor.sampler.count=completed``), ``mix/<d>/trained`` its share of the groups trained (with
+``count=trained`` the sampler holds this one), ``mix/<d>/target`` its target share.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ class StepPlan:
     metrics: dict[str, float]
     domains: dict[str, int]
     """Trained groups per domain in this step."""
+    read: dict[str, int] = field(default_factory=dict)
+    """Groups read per domain in this step (dropped and stale ones included)."""
 
 
 class StreamSource:
@@ -86,7 +93,9 @@ class StreamSource:
         self.cursor = 0
         self.version = 0
         self.consumed: Counter = Counter()
-        """Trained groups per domain, over the run (the realised mix)."""
+        """Trained groups per domain, over the run (the trained mix)."""
+        self.read: Counter = Counter()
+        """Groups read per domain, over the run, dropped and stale ones included (the completed mix)."""
         self._last_read = time.monotonic()
         self._published: Optional[TrainerProgress] = None
         self._planned: dict[int, RolloutGroup] = {}
@@ -96,13 +105,20 @@ class StreamSource:
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "version": self.version, "consumed": dict(self.consumed)}
+        return {"cursor": self.cursor, "version": self.version, "consumed": dict(self.consumed),
+                "read": dict(self.read)}
 
     def load_state_dict(self, state: dict) -> None:
+        """The state of `state_dict`; one saved before the groups read were kept (no ``read``) has
+        them recounted from the stream before its cursor, on the rank that reports the mix."""
         self.cursor = int(state["cursor"])
         self.reader = StreamReader(self.root, cursor=self.cursor)
         self.version = int(state["version"])
         self.consumed = Counter(state["consumed"])
+        if "read" in state:
+            self.read = Counter(state["read"])
+        elif self.ctx.rank == 0:
+            self.read = _groups_per_domain(self.root, self.cursor)
 
     def _publish(self, step: int, filled: int) -> None:
         progress = TrainerProgress(step=step, filled=filled, cursor=self.reader.cursor, version=self.version)
@@ -147,7 +163,8 @@ class StreamSource:
         parts = balance_by_tokens([n for *_, n in items], self.ctx.dims.dp)
         self._planned = {g.seq: g for _, g in st.taken}
         return StepPlan(cursor=self.reader.cursor, rollouts=[[items[i][:3] for i in part] for part in parts],
-                        metrics=metrics, domains=dict(Counter(g.domain for _, g in st.taken)))
+                        metrics=metrics, domains=dict(Counter(g.domain for _, g in st.taken)),
+                        read=dict(Counter(g.domain for g in st.read)))
 
     def next_batch(self, step: int, idle: Optional[Callable[[], None]] = None) -> tuple[list[TrainSample], dict]:
         """Every rank polls together until the step is full; ``idle()`` runs on every rank between
@@ -164,6 +181,7 @@ class StreamSource:
                                self.cfg.routing_replay and self.moe_layers is not None)
         self._planned = {}
         self.consumed.update(plan.domains)
+        self.read.update(plan.read)
         return samples, plan.metrics
 
     def _metrics(self, read: list[RolloutGroup], trained: list[RolloutGroup], skipped: Counter, lags: list[int],
@@ -192,12 +210,28 @@ class StreamSource:
         m["rollout/verify_s_mean"] = sum(g.timings.verify_s for g in read) / len(read)
         spanning = sum(len({s.version for s in r.versions}) > 1 for r in everything)
         m["rollout/multi_version_share"] = spanning / len(everything)
-        domains = Counter(g.domain for g in trained)
-        total = sum(self.consumed.values()) + len(trained)
+        m.update(self._mix(read, trained))
+        return m
+
+    def _mix(self, read: list[RolloutGroup], trained: list[RolloutGroup]) -> dict[str, float]:
+        """Each domain's share of the groups read and of those trained, over the run up to this step."""
+        read_by = self.read + Counter(g.domain for g in read)
+        trained_by = self.consumed + Counter(g.domain for g in trained)
+        read_total, trained_total = sum(read_by.values()), sum(trained_by.values())
+        m = {}
         for d, t in self.targets.items():
-            m[f"mix/{d}/realised"] = (self.consumed[d] + domains[d]) / total
+            m[f"mix/{d}/realised"] = read_by[d] / read_total
+            m[f"mix/{d}/trained"] = trained_by[d] / trained_total
             m[f"mix/{d}/target"] = t
         return m
+
+
+def _groups_per_domain(root: Path, cursor: int) -> Counter:
+    """Groups per domain in the stream at ``root`` before ``cursor``."""
+    reader, counts = StreamReader(root), Counter()
+    while reader.cursor < cursor and (group := reader.next_group()) is not None:
+        counts[group.domain] += 1
+    return counts
 
 
 def _rollout_stats(prefix: str, rollouts) -> dict[str, float]:

@@ -99,6 +99,7 @@ def test_training_curves_from_the_run_log(tmp_path):
         logger.log({"domain/math/reward": 0.1 * step, "domain/code/reward": 0.2, "domain/math/length": 100.0 - step,
                     "domain/code/length": 50.0, "mix/math/realised": 0.6, "mix/math/target": 0.5,
                     "mix/code/realised": 0.4, "mix/code/target": 0.5, "train/loss": 1.0}, step)
+        logger.log({"mix/math/trained": 0.7, "mix/code/trained": 0.3} if step > 1 else {}, step)
     logger.close()
     fig = training_curves_figure(tmp_path / "run")
     reward, length, mix = fig.axes
@@ -108,7 +109,9 @@ def test_training_curves_from_the_run_log(tmp_path):
     assert sorted(by_label) == ["code", "math"]
     assert list(by_label["math"].get_xdata()) == [1, 2, 3]
     assert list(by_label["math"].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
-    assert len(mix.get_lines()) == 4  # realised and target per domain
+    assert len(mix.get_lines()) == 6  # realised, trained and target per domain
+    assert [line.get_linestyle() for line in mix.get_lines()][:3] == ["-", "--", ":"]
+    assert list(mix.get_lines()[1].get_ydata()) == pytest.approx([0.3, 0.3])  # code (sorted first), from step 2
     with pytest.raises(ValueError, match="no TensorBoard event files"):
         training_curves_figure(tmp_path / "elsewhere")
     assert main(["curves", str(tmp_path / "run"), "--out", str(tmp_path / "plots")]) == 0

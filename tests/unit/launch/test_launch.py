@@ -115,6 +115,40 @@ def test_dry_run_refuses_what_the_launch_refuses_in_one_line(tmp_path):
     assert line.startswith("apriel-train: error: ") and "set model.hf_path" in line
 
 
+QWEN3_30B = REPO / "megatron_apriel" / "conf" / "models" / "qwen3_30b_a3b"
+MIX_FORMS = {  # the README's three forms, each on the paper's mix; the dry run prints the mix it gives
+    "whole": (["actor.sampler.weights={math:0.6,code:0.4}"], {"math": 0.6, "code": 0.4}),
+    "change": (["actor.sampler.weights.code=0.3"], {"math": 0.4, "code": 0.3, "logic": 0.15, "ifeval": 0.1,
+                                                    "function_calling": 0.1}),
+    "add": (["actor.sampler.weights={math:0.5}", "+actor.sampler.weights.logic=0.5"], {"math": 0.5, "logic": 0.5}),
+}
+
+
+def dry_run(tmp_path, preset, *overrides):
+    model = {"apriel_15b": lambda: apriel_model(tmp_path), "qwen3_30b_a3b": lambda: QWEN3_30B}.get(preset)
+    extra = [f"model.hf_path={model()}"] if model else []
+    return apriel_train("--config-name", preset, *extra, data_list(FIVE_DOMAINS), "launch.dry_run=true",
+                        f"run_dir={tmp_path / 'run'}", *overrides, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("preset", ["apriel_15b", "qwen3_30b_a3b", "smoke_5domains"])
+@pytest.mark.parametrize("form", sorted(MIX_FORMS))
+def test_the_dry_run_prints_the_mix_each_override_form_gives(tmp_path, preset, form):
+    overrides, expected = MIX_FORMS[form]
+    proc = dry_run(tmp_path, preset, *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"mix {expected} (actor.sampler.count=completed)" in proc.stdout, proc.stdout
+    assert all(o in proc.stdout for o in overrides)  # and the processes get them as given
+
+
+def test_the_dry_run_refuses_a_mix_domain_without_data_and_a_bad_weight_in_one_line(tmp_path):
+    proc = dry_run(tmp_path, "smoke_5domains", "+actor.sampler.weights.science=0.2")
+    assert proc.returncode == 2 and "['science'] have weight > 0 in actor.sampler.weights" in proc.stderr
+    proc = dry_run(tmp_path, "apriel_15b", "actor.sampler.weights.code=-1")
+    [line] = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and line.startswith("apriel-train: error: actor.sampler.weights.code=-1.0")
+
+
 def test_stopping_a_crashed_component_kills_what_is_left_of_its_process_group(tmp_path):
     import os
     import time

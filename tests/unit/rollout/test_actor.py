@@ -14,7 +14,8 @@ from megatron_apriel.rollout.groups import build_group
 from megatron_apriel.rollout.client import Completion, FleetClient
 from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.rollout.lag import group_lag
-from megatron_apriel.rollout.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
+from megatron_apriel.rollout.stream import (StreamReader, StreamWriter, TrainerProgress, list_segments, read_segment,
+                                            segment_path, write_progress)
 from megatron_apriel.rollout.types import GroupTimings, VersionSpan
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
@@ -23,10 +24,10 @@ from megatron_apriel.verifiers import Outcome, VerifierResult, verify_group
 from megatron_apriel.verifiers.base import correct, failed
 
 
-def make_actor(root, fleet, rollout, accuracy_seed=0, max_in_flight=8):
+def make_actor(root, fleet, rollout, accuracy_seed=0, max_in_flight=8, count="completed"):
     pools = ProblemPools(addition_problems(4))
-    cfg = ActorConfig(sampler=SamplerConfig(weights={"math": 1.0}), max_in_flight=max_in_flight, flush_interval_s=0.01,
-                      poll_s=0.005)
+    cfg = ActorConfig(sampler=SamplerConfig(weights={"math": 1.0}, count=count), max_in_flight=max_in_flight,
+                      flush_interval_s=0.01, poll_s=0.005)
     client = FleetClient(["http://fake-a", "http://fake-b"], transport=fleet.transport())
 
     async def verify(domain, problem, texts):
@@ -80,10 +81,14 @@ def test_actor_keeps_every_trained_group_within_max_lag(tmp_path, max_lag):
 
     everything = StreamReader(tmp_path).read_all()
     assert [g.seq for g in everything] == list(range(len(everything)))
-    # the sampler counted every finished rollout, dropped groups included: the stream and its counts agree
+    # the sampler counted every finished rollout, dropped groups included, and apart those of the
+    # groups to be trained: the stream and both its counts agree
     assert actor.sampler.counts() == {"math": sum(len(g.rollouts) for g in everything)}
+    assert actor.sampler.counts("trained") == {"math": sum(len(g.rollouts) for g in everything if g.dropped is None)}
+    assert actor.sampler.counts("trained") != actor.sampler.counts()  # accuracy 0.5: some groups were dropped
     snap = StreamWriter(tmp_path).last_snapshot()
     assert snap.sampler["counts"] == actor.sampler.counts()
+    assert snap.sampler["trained"] == actor.sampler.counts("trained")
     # what was served, plus what was in flight when it stopped, is exactly a prefix of the data order
     # (not the stream's first groups: the stream is in completion order, and groups drawn one after
     # the other finish in any order, more so on a busy machine)
@@ -130,20 +135,42 @@ def test_build_group_rewards_dap_and_drop_rules():
     assert group(comps[:3], crash).dropped == "verifier_error"
 
 
-def test_resumed_actor_regenerates_its_in_flight_groups_first(tmp_path):
+@pytest.mark.parametrize("count", ["completed", "trained"])
+def test_resumed_actor_regenerates_its_in_flight_groups_first(tmp_path, count):
     fleet = FakeFleet(accuracy=0.5, max_delay_s=0.05)  # groups finish out of order, some stay in flight
     rollout = RolloutConfig(group_size=2, groups_per_step=2, max_lag=None)
-    actor = make_actor(tmp_path, fleet, rollout, max_in_flight=6)
+    actor = make_actor(tmp_path, fleet, rollout, max_in_flight=6, count=count)
     asyncio.run(run_with_trainer(tmp_path, actor, fleet, rollout, steps=4))
     snap = StreamWriter(tmp_path).last_snapshot()
-    again = make_actor(tmp_path, fleet, rollout, max_in_flight=6)
+    assert snap.sampler["count"] == count
+    again = make_actor(tmp_path, fleet, rollout, max_in_flight=6, count=count)
     pending = again.restore()
     assert [p.problem_id for p in pending] == [p.problem_id for p in snap.in_flight]
-    assert again.sampler.counts() == {"math": 2 * snap.next_seq}  # the counts of what the stream holds
+    kept = sum(len(g.rollouts) for g in StreamReader(tmp_path).read_all() if g.dropped is None)
+    # the counts of what the stream holds, both of them, and the sampler's state exactly
+    assert again.sampler.counts() == {"math": 2 * snap.next_seq} and again.sampler.counts("trained") == {"math": kept}
+    assert again.sampler.state_dict() == snap.sampler
     # what it draws next continues the data order exactly where the snapshot left it
     order = DomainOrder(ProblemPools(addition_problems(4)), seed=3)
     order.load_state_dict(snap.order)
     assert [again.order.next("math").id for _ in range(5)] == [order.next("math").id for _ in range(5)]
+
+
+def test_a_stream_of_the_previous_release_resumes_with_its_trained_counts_recounted(tmp_path):
+    """A last segment whose sampler state is version 2 (no trained counts): the actor recounts
+    them from the stream, and the completed counts and the RNG continue exactly."""
+    fleet = FakeFleet(accuracy=0.5)
+    rollout = RolloutConfig(group_size=2, groups_per_step=2, max_lag=None)
+    asyncio.run(run_with_trainer(tmp_path, make_actor(tmp_path, fleet, rollout), fleet, rollout, steps=3))
+    last = segment_path(tmp_path, list_segments(tmp_path)[-1])
+    segment = read_segment(last)
+    v3 = segment.actor.sampler
+    v2 = {k: v for k, v in v3.items() if k not in ("trained", "count")} | {"version": 2}
+    old = segment.model_copy(update={"actor": segment.actor.model_copy(update={"sampler": v2})})
+    last.write_text(old.model_dump_json())
+    again = make_actor(tmp_path, fleet, rollout)
+    again.restore()
+    assert again.sampler.state_dict() == v3 and 0 < v3["trained"]["math"] < v3["counts"]["math"]
 
 
 def test_some_runs_stop_with_groups_in_flight(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from megatron_apriel.sampling import (DOMAIN_MIX_PAPER, DOMAIN_MIX_PIPELINERL, AdaptiveDomainSampler,
                                       SamplerConfig)
+from megatron_apriel.sampling.domain_sampler import state_from_v2
 
 
 def expected_probs(weights, counts, min_completions=50, lo=0.1, hi=10.0):
@@ -58,23 +59,78 @@ def test_static_until_min_completions_and_zero_count_gets_clip_high():
     assert s.probabilities()["b"] == pytest.approx(3 * 10 / (3 * 10 + 1 * 0.25))
 
 
-def test_state_dict_round_trip_continues_same_sequence():
-    a = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=7)
+@pytest.mark.parametrize("count", ["completed", "trained"])
+def test_state_dict_round_trip_continues_same_sequence(count):
+    """Resume is exact with either count: same draws, same counts, both of them."""
+    drop = random.Random(5)  # which groups are dropped: the same for both samplers
+    a = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=7, count=count)
     for _ in range(100):
-        a.record_completion(a.sample(), 8)
+        a.record_completion(a.sample(), 8, trained=drop.random() < 0.6)
     state = json.loads(json.dumps(a.state_dict()))  # must survive JSON
-    b = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=999)
+    assert state["count"] == count and state["counts"] == a.counts() and state["trained"] == a.counts("trained")
+    b = AdaptiveDomainSampler(DOMAIN_MIX_PAPER, seed=999, count=count)
     b.load_state_dict(state)
+    assert b.probabilities() == a.probabilities()
     seq_a, seq_b = [], []
     for _ in range(200):
         da, db = a.sample(), b.sample()
         seq_a.append(da)
         seq_b.append(db)
-        a.record_completion(da, 8)
-        b.record_completion(db, 8)
+        kept = drop.random() < 0.6
+        a.record_completion(da, 8, trained=kept)
+        b.record_completion(db, 8, trained=kept)
     assert seq_a == seq_b
-    assert a.counts() == b.counts()
+    assert a.counts() == b.counts() and a.counts("trained") == b.counts("trained")
+    assert a.counts() != a.counts("trained")  # some groups were dropped: the two counts differ
     assert len(set(seq_a)) > 1
+
+
+def test_the_chosen_count_steers_and_both_are_kept():
+    """count=trained applies the formula to the trained rollouts; completed to all of them."""
+    weights = {"a": 0.5, "b": 0.3, "c": 0.2}
+    completed, trained = {"a": 50, "b": 30, "c": 20}, {"a": 10, "b": 30, "c": 20}  # a: 40 dropped
+    samplers = {c: AdaptiveDomainSampler(weights, min_completions=50, count=c) for c in ("completed", "trained")}
+    for s in samplers.values():
+        for d in weights:
+            s.record_completion(d, trained[d])
+        s.record_completion("a", completed["a"] - trained["a"], trained=False)
+        assert s.counts() == completed and s.counts("trained") == trained
+    assert samplers["completed"].probabilities() == pytest.approx(expected_probs(weights, completed), rel=1e-12)
+    assert samplers["trained"].probabilities() == pytest.approx(expected_probs(weights, trained), rel=1e-12)
+    # the completed mix is on target; the trained mix (60 rollouts >= min_completions) is short of a
+    assert samplers["completed"].probabilities()["a"] == pytest.approx(0.5)
+    assert samplers["trained"].probabilities()["a"] > 0.7
+
+
+def test_the_warm_up_counts_the_chosen_count():
+    s = AdaptiveDomainSampler({"a": 1.0, "b": 1.0}, min_completions=50, count="trained")
+    s.record_completion("a", 60, trained=False)  # 60 completed, none trained: still static
+    assert s.probabilities() == {"a": 0.5, "b": 0.5}
+    s.record_completion("a", 50)
+    assert s.probabilities()["b"] == pytest.approx(10 / 10.5)  # a: factor 0.5/1; b: none trained, clip_high
+
+
+def test_count_is_validated():
+    with pytest.raises(ValueError, match="actor.sampler.count='kept'"):
+        AdaptiveDomainSampler({"a": 1.0}, count="kept")
+    with pytest.raises(ValueError, match="kind"):
+        AdaptiveDomainSampler({"a": 1.0}).counts("kept")
+
+
+def test_a_version_2_state_resumes_with_its_trained_counts_recounted():
+    current = AdaptiveDomainSampler({"a": 1.0, "b": 2.0}, seed=4)
+    for _ in range(30):
+        current.record_completion(current.sample(), 4, trained=False)
+    v2 = {k: v for k, v in json.loads(json.dumps(current.state_dict())).items() if k not in ("trained", "count")}
+    v2["version"] = 2
+    with pytest.raises(ValueError, match="state_from_v2"):
+        AdaptiveDomainSampler({"a": 1.0, "b": 2.0}).load_state_dict(v2)
+    resumed = AdaptiveDomainSampler({"a": 1.0, "b": 2.0}, seed=9)
+    resumed.load_state_dict(state_from_v2(v2, {"a": 0}))  # a domain with no trained rollout may be left out
+    assert resumed.counts() == current.counts() and resumed.counts("trained") == {"a": 0, "b": 0}
+    assert [resumed.sample() for _ in range(50)] == [current.sample() for _ in range(50)]
+    with pytest.raises(ValueError, match="version 3"):
+        state_from_v2(current.state_dict(), {})
 
 
 def test_seed_determines_sequence():
@@ -128,18 +184,23 @@ def test_unknown_domain_and_bad_counts_raise():
 
 @pytest.mark.parametrize("corrupt,match", [
     (lambda st: st.update(version=1), "version 1"),
+    (lambda st: st.update(version=2), "state_from_v2"),
     (lambda st: st.pop("version"), "version None"),
     (lambda st: st["counts"].update(z=3), "same domain set"),
     (lambda st: st["counts"].pop("a"), "same domain set"),
     (lambda st: st["counts"].update(a=-1), "non-negative integers"),
     (lambda st: st["counts"].update(a=2.5), "non-negative integers"),
     (lambda st: st.update(draws="iid"), "same sampler configuration"),
-], ids=["old_version", "no_version", "extra_domain", "missing_domain", "negative_count", "float_count", "draws"])
+    (lambda st: st["trained"].pop("b"), "same domain set"),
+    (lambda st: st["trained"].update(a=-1), "non-negative integers"),
+    (lambda st: st["trained"].update(a=st["counts"]["a"] + 1), "exceed the completed counts"),
+], ids=["old_version", "v2", "no_version", "extra_domain", "missing_domain", "negative_count", "float_count", "draws",
+        "trained_missing_domain", "trained_negative", "trained_above_completed"])
 def test_load_state_dict_refuses_each_bad_state_and_keeps_its_own(corrupt, match):
     weights = {"a": 1.0, "b": 2.0}
     saved = AdaptiveDomainSampler(weights, seed=1)
-    for _ in range(30):
-        saved.record_completion(saved.sample(), 4)
+    for i in range(30):
+        saved.record_completion(saved.sample(), 4, trained=i % 3 > 0)
     state = json.loads(json.dumps(saved.state_dict()))
     corrupt(state)
     target = AdaptiveDomainSampler(weights, seed=2)

@@ -16,10 +16,11 @@ def ctx():
 
 
 def write_groups(root, specs):
-    """specs: (version, dropped) per group, written one segment each."""
+    """specs: (version, dropped) or (version, dropped, domain) per group, written one segment each."""
     writer = StreamWriter(root)
-    for version, dropped in specs:
-        g = group(writer.next_seq, version=version).model_copy(update={"dropped": dropped})
+    for version, dropped, *domain in specs:
+        update = {"dropped": dropped, "domain": domain[0] if domain else "math"}
+        g = group(writer.next_seq, version=version).model_copy(update=update)
         writer.append([g], snap(writer.next_seq + 1))
 
 
@@ -32,7 +33,7 @@ def test_a_step_takes_usable_groups_in_order_and_skips_the_rest(tmp_path, ctx):
     assert m["rollout/groups_filtered"] == 1 and m["rollout/groups_verifier_error"] == 1
     assert m["rollout/groups_read"] == 5 and m["rollout/cursor"] == 5 and m["rollout/lag_max"] == 0
     # metrics cover every group read (dropped included): group() gives rewards 1.0 and 0.0
-    assert m["rollout/reward"] == pytest.approx(0.5) and m["mix/math/realised"] == 1.0
+    assert m["rollout/reward"] == pytest.approx(0.5) and m["mix/math/realised"] == m["mix/math/trained"] == 1.0
     assert read_progress(tmp_path).step == 1  # the step is full: the next group is step 1's
     source.weights_updated(3)
     assert read_progress(tmp_path).version == 3 and read_progress(tmp_path).cursor == 5
@@ -73,3 +74,34 @@ def test_a_replay_reads_without_writing_and_says_when_the_stream_runs_out(tmp_pa
     assert read_progress(tmp_path) is None  # another run's stream: left as it was
     with pytest.raises(ValueError, match="ran out at step 1 .1 of 2 groups"):
         source.next_batch(1)  # one group left: an error, not a wait forever
+
+
+MIXED = [(0, None, "math"), (0, "zero_advantage", "code"), (0, "zero_advantage", "code"), (0, None, "code"),
+         (0, "verifier_error", "math"), (0, None, "math"), (0, None, "code"), (0, "zero_advantage", "math"),
+         (0, None, "math"), (0, None, "code")]
+
+
+def test_the_mix_of_groups_read_and_of_groups_trained_are_reported_over_the_run(tmp_path, ctx):
+    """Step 0 reads groups 0-5 and trains 0, 3, 5; step 1 reads 6-9 and trains 6, 8, 9."""
+    write_groups(tmp_path, MIXED)
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=3, max_lag=None), ctx,
+                          {"math": 0.6, "code": 0.4})
+    _, m = source.next_batch(0)
+    assert (m["mix/math/realised"], m["mix/code/realised"]) == (3 / 6, 3 / 6)  # dropped groups included
+    assert (m["mix/math/trained"], m["mix/code/trained"]) == (2 / 3, 1 / 3)
+    assert (m["mix/math/target"], m["mix/code/target"]) == (0.6, 0.4)
+    state = source.state_dict()
+    _, m = source.next_batch(1)
+    assert (m["mix/math/realised"], m["mix/code/trained"]) == (5 / 10, 3 / 6)  # cumulative, over both steps
+    # resumed from the state after step 0, it reports the same; a state of an earlier release (no
+    # "read") has the groups read recounted from the stream
+    for saved in (state, {k: v for k, v in state.items() if k != "read"}):
+        resumed = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=3, max_lag=None), ctx,
+                               {"math": 0.6, "code": 0.4})
+        resumed.load_state_dict(saved)
+        assert resumed.read == {"math": 3, "code": 3}
+        assert mix_of(resumed.next_batch(1)[1]) == mix_of(m)
+
+
+def mix_of(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k.startswith("mix/")}
