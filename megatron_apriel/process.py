@@ -145,7 +145,9 @@ def supervise(cmd: list[str], env: dict | None = None, *, name: str = "") -> int
     - the command runs as a ``ManagedProcess`` (its own process group; SIGTERM if this process
       dies, even by SIGKILL); SIGTERM and SIGINT sent here are passed on to its group;
     - when the command exits, every process still below this one is killed (by pid, from /proc)
-      and reaped.
+      and reaped; Python's resource trackers last, given ``TRACKER_GRACE_S`` to exit by themselves
+      first, so that they unlink the shared memory the killed processes leaked (a vLLM server
+      killed by SIGKILL otherwise leaves its message queues in /dev/shm).
     Signals this process ignores (SIG_IGN) stay ignored in the command."""
     _become_subreaper()
     name = name or os.path.basename(cmd[0])
@@ -154,7 +156,9 @@ def supervise(cmd: list[str], env: dict | None = None, *, name: str = "") -> int
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: child.terminate(signum))
     code = child.wait()
-    killed = kill_below(os.getpid())
+    killed = kill_below(os.getpid(), spare=_is_resource_tracker)
+    _wait_gone(descendants(os.getpid()), TRACKER_GRACE_S)  # the trackers clean up what the killed left
+    killed += kill_below(os.getpid())
     if killed:
         print(f"supervise: {name} exited ({code}); killed {len(killed)} process(es) it left: {killed}",
               file=sys.stderr, flush=True)
@@ -198,15 +202,21 @@ def descendants(root: int) -> list[int]:
     return out
 
 
-def kill_below(root: int, timeout_s: float = 60.0) -> list[int]:
-    """SIGKILL every process below ``root``, reap those that are its children, and wait until none
-    is left; the pids killed. A SIGKILLed process is gone only once the kernel has torn it down:
-    on a busy machine that takes seconds for a large one (a vLLM engine), so this waits for it.
-    What is still there after ``timeout_s`` (stuck in uninterruptible sleep) is named on stderr,
-    not raised: a supervisor must still end as its command did."""
+TRACKER_GRACE_S = 10.0
+"""How long ``supervise`` lets Python's resource trackers, once the processes they served are killed,
+unlink the shared memory and semaphores those left (vLLM's message queues in /dev/shm)."""
+
+
+def kill_below(root: int, timeout_s: float = 60.0, spare=None) -> list[int]:
+    """SIGKILL every process below ``root`` (but those for which ``spare(pid)`` is true), reap those
+    that are its children, and wait until none is left; the pids killed. A SIGKILLed process is
+    gone only once the kernel has torn it down: on a busy machine that takes seconds for a large
+    one (a vLLM engine), so this waits for it. What is still there after ``timeout_s`` (stuck in
+    uninterruptible sleep) is named on stderr, not raised: a supervisor must still end as its
+    command did."""
     killed: list[int] = []
     deadline = time.monotonic() + timeout_s
-    while pids := _live_below(root):
+    while pids := [pid for pid in _live_below(root) if spare is None or not spare(pid)]:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -220,6 +230,22 @@ def kill_below(root: int, timeout_s: float = 60.0) -> list[int]:
             break
         time.sleep(0.05)
     return killed
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is a Python multiprocessing resource tracker: it exits by itself once every
+    process it served is gone, unlinking the shared memory and semaphores they leaked."""
+    try:
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` until none of ``pids`` is alive (reaping our children)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and set(pids) & set(_live_below(os.getpid())):
+        time.sleep(0.05)
 
 
 def _live_below(root: int) -> list[int]:

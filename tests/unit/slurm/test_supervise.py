@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,34 @@ def test_a_process_that_outlives_sigkill_is_named_not_raised():
     assert proc.returncode == 0, proc.stderr
     [pid] = json.loads(proc.stdout)
     assert f"still there 0.5s after SIGKILL (uninterruptible sleep?): [{pid}]" in proc.stderr
+
+
+LEAKER = """
+import multiprocessing as mp, os, signal, sys, time
+from multiprocessing import shared_memory
+
+def hold(path):
+    shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+    open(path, "w").write(shm.name)
+    time.sleep(300)
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=hold, args=(sys.argv[1],))
+    child.start()
+    while not os.path.exists(sys.argv[1]) or not open(sys.argv[1]).read():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)  # as a SIGKILLed vLLM server: its child is left holding the memory
+"""
+
+
+def test_shared_memory_left_by_a_killed_command_is_unlinked(tmp_path):
+    """The orphan is killed, and its resource tracker, left to exit by itself, unlinks its segment."""
+    script, name_file = tmp_path / "leaker.py", tmp_path / "shm.name"
+    script.write_text(LEAKER)
+    proc = subprocess.run([*SUPERVISE, sys.executable, str(script), str(name_file)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    segment = Path("/dev/shm") / name_file.read_text()
+    if segment.exists():
+        segment.unlink()
+        raise AssertionError(f"{segment} outlived the supervised command: {proc.stderr}")
