@@ -2,6 +2,7 @@
 
     python benchmarks/recipe_mechanisms.py                      # all three parts, ~30 min on 2 cores
     python benchmarks/recipe_mechanisms.py --parts mix          # one part (mix, dap, budget)
+    python benchmarks/recipe_mechanisms.py --parts mix --mix-variants adaptive adaptive_trained
     python benchmarks/recipe_mechanisms.py --smoke --out DIR    # one step of each part's recipe variant (CI)
 
 1. **Mix under heterogeneity** (``mix``): math, code and logic problems (``mechanisms/tasks.py``)
@@ -54,9 +55,11 @@ low-discrepancy draws (``sampling/domain_sampler.py``); adaptive counting the ro
 that will be trained rather than every completed one; the last is the recipe as we run it."""
 
 
-def chosen(variants: tuple, smoke: bool) -> tuple:
-    """The variants a run compares; ``--smoke`` keeps the last one, the recipe's."""
-    return variants[-1:] if smoke else variants
+def chosen(variants: tuple, smoke: bool, names: list[str] | None = None) -> tuple:
+    """The variants a run compares: ``names`` (all when None), or with ``--smoke`` the last one, the recipe's."""
+    if smoke:
+        return variants[-1:]
+    return variants if names is None else tuple(v for v in variants if v[0] in names)
 
 
 def log(msg: str) -> None:
@@ -99,7 +102,7 @@ def mix(args) -> dict:
     weights = "actor.sampler.weights={" + ",".join(f"{d}:{w}" for d, w in tasks.MIX_WEIGHTS.items()) + "}"
     common = [weights, f"rewards.max_len={args.mix_budget}", "rewards.buffer=8", "launch.export_hf=false"]
     out = {}
-    for name, extra in chosen(MIX_VARIANTS, args.smoke):
+    for name, extra in chosen(MIX_VARIANTS, args.smoke, args.mix_variants):
         run = train(args.out / f"mix_{name}", where, args.mix_steps, *common, *extra)
         out[name] = report.mix_report(run, tasks.MIX_WEIGHTS, min_completions=50,
                                       adaptive=name.startswith("adaptive"))
@@ -209,6 +212,8 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true",
                    help="one step of the recipe's variant of each part (adaptive, DAP, the trained model's eval), "
                         "one sample per problem (CI): checks the plumbing only")
+    p.add_argument("--mix-variants", nargs="+", choices=[name for name, _ in MIX_VARIANTS],
+                   help="run these variants of the mix part only (default: all)")
     p.add_argument("--mix-steps", type=int, default=20)
     p.add_argument("--mix-sft-steps", type=int, default=60)
     p.add_argument("--mix-budget", type=int, default=32)
