@@ -15,8 +15,12 @@ Which rollouts n_d (and N = sum_d n_d) counts is ``count``:
   groups that dynamic sampling then drops. The *completed* mix is held at the target; the trained
   mix is not, where domains' groups are dropped at different rates (``benchmarks/recipe_mechanisms.py``
   measured code at 37-41 % of trained rollouts against a 31 % target).
-- ``trained``: only the rollouts of groups that will be trained. The *trained* mix is held at the
-  target instead; domains whose groups are often dropped are sampled more.
+- ``trained``: only the rollouts of groups that will be trained (the warm-up counts these). The
+  *trained* mix is held at the target instead: with k_d = trained_d / completed_d (the share of d's
+  rollouts kept so far), the formula above runs on the completed counts towards the completed mix
+  c_d = (t_d / k_d) / sum_j (t_j / k_j), whose kept rollouts make the target mix; domains whose groups
+  are often dropped are sampled more. (The formula applied to the trained counts directly settles
+  at trained shares ~ t_d sqrt(k_d), not t_d: 4.7 pp off in the mechanisms benchmark.)
 The sampler keeps both counts whichever steers it, and both are in `state_dict()` (the stream's
 snapshots), so either mix of any run can be read back.
 
@@ -182,18 +186,32 @@ class AdaptiveDomainSampler:
             return self._probabilities_locked()
 
     def _probabilities_locked(self) -> dict[str, float]:
-        counts = self._counts if self._count == "completed" else self._trained
-        total = sum(counts.values())
-        if total < self._min_completions:
+        counted = self._counts if self._count == "completed" else self._trained
+        if sum(counted.values()) < self._min_completions:
             return dict(self._targets)
+        # the completed mix to hold: the targets, or with count=trained the mix whose kept groups
+        # make the target trained mix (t_d / k_d, k_d = domain d's share of rollouts kept)
+        goal, base = (self._targets, self._weights) if self._count == "completed" else (self._kept_goal(),) * 2
+        total = sum(self._counts.values())
         low, high = self._clip
         scores = {}
         for d in self._domains:
-            n = counts[d]
-            alpha = high if n == 0 else min(max(self._targets[d] / (n / total), low), high)
-            scores[d] = self._weights[d] * alpha
+            n = self._counts[d]
+            alpha = high if n == 0 else min(max(goal[d] / (n / total), low), high)
+            scores[d] = base[d] * alpha
         norm = sum(scores.values())
         return {d: s / norm for d, s in scores.items()}
+
+    def _kept_goal(self) -> dict[str, float]:
+        """The completed shares c_d ~ t_d / k_d whose trained shares c_d k_d / sum_j c_j k_j are the
+        targets, with k_d = trained_d / completed_d (1 while none of d's rollouts is kept: no evidence;
+        1 / k_d at most clip_high)."""
+        raw = {}
+        for d in self._domains:
+            kept = self._trained[d] / self._counts[d] if self._trained[d] else 1.0
+            raw[d] = self._targets[d] * min(1.0 / kept, self._clip[1])
+        norm = sum(raw.values())
+        return {d: r / norm for d, r in raw.items()}
 
     def sample(self) -> str:
         """Draw the domain of the next group from `probabilities()`, advancing the RNG once."""
