@@ -11,3 +11,19 @@ def test_unsupported_megatron_version_fails_loudly(monkeypatch):
 
 def test_installed_version_is_supported():
     assert _patches.check_mcore_version().startswith(_patches.SUPPORTED_MCORE_PREFIXES)
+
+
+@pytest.mark.parametrize("env, cpus", [
+    ({"GOMP_CPU_AFFINITY": "0 2 3", "OMP_NUM_THREADS": "3"}, {0, 2, 3}),  # vLLM's form with libgomp
+    ({"OMP_PLACES": "{4,5}", "OMP_PROC_BIND": "true"}, {4, 5}),  # without a preloaded OpenMP
+    ({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[1,2]"}, {1, 2}),  # with Intel's
+    ({"GOMP_CPU_AFFINITY": "0-2 7"}, {0, 1, 2, 7}),
+    ({}, None),  # VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM sets none of them, nothing is bound
+])
+def test_a_forked_vllm_worker_is_bound_to_the_cpus_vllm_chose_for_it(env, cpus):
+    assert _patches.worker_cpus(env) == cpus
+
+
+def test_spawn_asked_for_in_the_environment_leaves_vllm_unpatched(monkeypatch):
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert _patches.fork_vllm_cpu_processes() is False

@@ -49,6 +49,10 @@ def family(proc: subprocess.Popen) -> list[psutil.Process]:
            if p.status() != psutil.STATUS_ZOMBIE]  # the registration helper, once done, waits to be reaped
     names = " ".join(p.name() + " " + " ".join(p.cmdline()) for p in out)
     assert "EngineCore" in names and "Worker" in names, names  # vLLM's engine and worker are there to be left
+    # The worker, forked by our launcher (not spawned), still binds to the CPUs vLLM chose for it,
+    # keeping one for the engine: unbound, its threads ran on every core (~half the tokens per second).
+    (worker,) = [p for p in out if p.name().startswith("VLLM::Worker")]
+    assert set(worker.cpu_affinity()) < set(psutil.Process().cpu_affinity()), worker.cpu_affinity()
     return out
 
 

@@ -48,7 +48,9 @@ def test_routed_experts_are_vllms_option_on_gpu_and_our_capture_on_cpu():
     assert cpu[2] == "megatron_apriel.serving.launch" and env["APRIEL_CAPTURE_ROUTED_EXPERTS"] == "1"
     assert "--no-enable-prefix-caching" in cpu and "--enable-return-routed-experts" not in cpu
     plain, env = build_command(["--model", "m"], backend="gloo", on_gpu=False)
-    assert plain[2] == "vllm.entrypoints.launchers.api_server.entry" and "APRIEL_CAPTURE_ROUTED_EXPERTS" not in env
+    assert plain[2] == "megatron_apriel.serving.launch" and "APRIEL_CAPTURE_ROUTED_EXPERTS" not in env
+    on_gpu, _ = build_command(["--model", "m"], backend="apriel_nccl", on_gpu=True)
+    assert on_gpu[2] == "vllm.entrypoints.launchers.api_server.entry"
     with pytest.raises(ValueError, match="needs prefix caching"):
         build_command(["--no-enable-prefix-caching"], backend="apriel_nccl", on_gpu=True, routed_experts=True)
     with pytest.raises(ValueError, match="drop --enable-prefix-caching"):
