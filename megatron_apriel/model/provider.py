@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from megatron_apriel.model.arch import ModelArch, padded_vocab_size  # noqa: F401 (re-exported)
 from megatron_apriel.model.config import ModelConfig
+from megatron_apriel.model.head import install_hidden_switch
 from megatron_apriel.parallel.groups import ParallelContext
 
 
@@ -191,8 +192,10 @@ def build_model(cfg: ModelConfig, ctx: ParallelContext):
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         pg_collection=ctx.pgs,
     )
-    if cfg.fp32_lm_head and model.post_process:
-        _compute_in_fp32(model.output_layer)
+    if model.post_process:
+        if cfg.fp32_lm_head:
+            _compute_in_fp32(model.output_layer)
+        install_hidden_switch(model.output_layer)
     return model.to(ctx.device)
 
 
@@ -206,3 +209,4 @@ def _compute_in_fp32(linear) -> None:
         return forward(input_.float(), weight=weight.float(), **kwargs)
 
     linear.forward = fp32_forward
+    linear.fp32_compute = True

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+LOGPROB_CHUNK_TOKENS = 2048
+"""Default of ``trainer.logprob_chunk_tokens``: at Apriel's 131K vocabulary, ~1 GiB per fp32
+``[chunk, V]`` tensor at TP1 (a few coexist), against ~25 GiB of full logits at 20K tokens."""
+
+
 @dataclass(kw_only=True)
 class TrainerConfig:
     steps: int = 250
@@ -18,10 +23,17 @@ class TrainerConfig:
     micro_batch_size: int = 1
     """Rows per micro-batch when packing is off."""
     log_every: int = 1
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    """Log-probs from the last hidden states of the loss positions only, this many tokens of logits at a
+    time, recomputed in backward: extra memory O(chunk x V/tp) whatever the sequence length.
+    0: the full logits of every position, as the output layer makes them (kept for comparison)."""
 
     def __post_init__(self) -> None:
         if min(self.steps, self.seq_len, self.micro_batch_size, self.log_every) < 1:
             raise ValueError("trainer.steps, seq_len, micro_batch_size and log_every must be >= 1.")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"trainer.logprob_chunk_tokens must be >= 0 (0: full logits), got "
+                             f"{self.logprob_chunk_tokens}.")
 
 
 LOSS_KINDS = ("gspo", "gspo_token", "grpo")

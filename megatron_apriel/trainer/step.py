@@ -8,34 +8,51 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from megatron_apriel.model.head import emitting_hidden, head_in_fp32, head_weight
 from megatron_apriel.model.routing import StageRouting, routing_metrics
 from megatron_apriel.parallel.collectives import any_rank, sum_over_world
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.config import LossConfig
-from megatron_apriel.trainer.logprobs import vocab_parallel_logprobs
+from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS
+from megatron_apriel.trainer.logprobs import chunked_head_logprobs, vocab_parallel_logprobs
 from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
 
 
 def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None, ctx: Optional[ParallelContext] = None,
-                   training: bool = False):
-    """Run one stage on a micro-batch: logits ``[b, S, V/tp]`` on the last stage, hidden otherwise.
+                   training: bool = False, hidden: bool = False):
+    """Run one stage on a micro-batch: logits ``[b, S, V/tp]`` on the last stage (with ``hidden``:
+    its last hidden states ``[b, S, h]``, whole on every TP rank), the stage's output otherwise.
     ``routing``: a MoE stage's taps, told this micro-batch's routing inputs first."""
     if routing is not None:
         routing.begin(routing=mb.routing, valid=mb.valid, fresh=mb.fresh, training=training,
                       tp=(ctx.dims.tp, ctx.tp_rank))
     packed = mb.packed_seq_params()
-    return model(mb.tokens, mb.position_ids, None, packed_seq_params=packed)
+    with emitting_hidden(model, hidden):
+        return model(mb.tokens, mb.position_ids, None, packed_seq_params=packed)
 
 
-def token_logprobs(logits, mb: MicroBatch, ctx: ParallelContext, vocab_size: int, temperature: float):
+def token_logprobs(output, mb: MicroBatch, ctx: ParallelContext, vocab_size: int, temperature: float, *,
+                   model=None, chunk_tokens: int = 0):
+    """``(logp, entropy)``, each ``[b, S]`` fp32, from the last stage's ``output``: its logits
+    (``chunk_tokens=0``), or its hidden states, of which only the loss positions go through the
+    output weight of ``model``, ``chunk_tokens`` at a time (zeros elsewhere)."""
     tp_group = ctx.pgs.tp if ctx.dims.tp > 1 else None
-    return vocab_parallel_logprobs(logits, mb.labels, vocab_size=vocab_size, temperature=temperature,
-                                   tp_group=tp_group, tp_rank=ctx.tp_rank)
+    if not chunk_tokens:
+        return vocab_parallel_logprobs(output, mb.labels, vocab_size=vocab_size, temperature=temperature,
+                                       tp_group=tp_group, tp_rank=ctx.tp_rank)
+    where = mb.loss_mask  # [b, S]
+    logp_n, entropy_n = chunked_head_logprobs(
+        output[where], head_weight(model), mb.labels[where], vocab_size=vocab_size, chunk_tokens=chunk_tokens,
+        temperature=temperature, compute_dtype=torch.float32 if head_in_fp32(model) else None,
+        tp_group=tp_group, tp_rank=ctx.tp_rank)
+    zeros = torch.zeros(where.shape, dtype=torch.float32, device=output.device)
+    return zeros.masked_scatter(where, logp_n), zeros.masked_scatter(where, entropy_n)
 
 
-def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
-    logp, entropy = token_logprobs(logits, mb, ctx, vocab_size, cfg.temperature)
+def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chunk_tokens: int, output):
+    logp, entropy = token_logprobs(output, mb, ctx, vocab_size, cfg.temperature, model=model,
+                                   chunk_tokens=chunk_tokens)
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
                      mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten())
     out = policy_loss(inp, cfg)
@@ -44,9 +61,10 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, logits):
     return out.loss_sum, out.count, metrics
 
 
-def _forward_step(ctx, cfg, vocab_size, routing, data_iterator, model):
+def _forward_step(ctx, cfg, vocab_size, routing, chunk_tokens, data_iterator, model):
     mb = next(data_iterator).to(ctx.device)
-    return forward_logits(model, mb, routing, ctx, training=True), partial(_loss_func, mb, ctx, cfg, vocab_size)
+    output = forward_logits(model, mb, routing, ctx, training=True, hidden=chunk_tokens > 0)
+    return output, partial(_loss_func, mb, ctx, cfg, vocab_size, model, chunk_tokens)
 
 
 def _schedule(chunks, ctx: ParallelContext):
@@ -89,10 +107,12 @@ class NonFiniteError(FloatingPointError):
 
 
 def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx: ParallelContext,
-               cfg: LossConfig, vocab_size: int, routing: Optional[StageRouting] = None) -> dict:
+               cfg: LossConfig, vocab_size: int, routing: Optional[StageRouting] = None, *,
+               logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> dict:
     """Forward/backward all micro-batches, reduce gradients, clip, step. Returns logged metrics
     (complete on the last pipeline stage; ``{}``-like on the others, plus the grad norm).
-    ``routing``: the stage's MoE routing taps (None for a dense model): replay and counts."""
+    ``routing``: the stage's MoE routing taps (None for a dense model): replay and counts.
+    ``logprob_chunk_tokens``: ``trainer.logprob_chunk_tokens`` (0: from the full logits)."""
     if not microbatches:
         raise ValueError("train_step got no micro-batches: every data-parallel rank needs at least one sample.")
     for chunk in chunks:
@@ -100,7 +120,7 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
     optimizer.zero_grad()
     shape = microbatches[0].tokens.shape
     per_mb = _schedule(chunks, ctx)(
-        forward_step_func=partial(_forward_step, ctx, cfg, vocab_size, routing),
+        forward_step_func=partial(_forward_step, ctx, cfg, vocab_size, routing, logprob_chunk_tokens),
         data_iterator=iter(microbatches),
         model=chunks,
         num_microbatches=len(microbatches),
@@ -128,18 +148,21 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
 
 @torch.no_grad()
 def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContext, vocab_size: int,
-                     temperature: float, routing: Optional[StageRouting] = None) -> list[torch.Tensor]:
-    """Per-token log-probs ``[b, S]`` of each micro-batch (last stage; empty list elsewhere)."""
+                     temperature: float, routing: Optional[StageRouting] = None, *,
+                     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> list[torch.Tensor]:
+    """Per-token log-probs ``[b, S]`` of each micro-batch (last stage; empty list elsewhere), at the
+    loss positions (every position with ``logprob_chunk_tokens=0``)."""
     shape = microbatches[0].tokens.shape
 
     def step(data_iterator, model):
         mb = next(data_iterator).to(ctx.device)
 
-        def collect(logits):
-            logp, _ = token_logprobs(logits, mb, ctx, vocab_size, temperature)
+        def collect(output):
+            logp, _ = token_logprobs(output, mb, ctx, vocab_size, temperature, model=model,
+                                     chunk_tokens=logprob_chunk_tokens)
             return logp.sum() * 0, torch.tensor(1, dtype=torch.int), {"logp": logp.detach().cpu()}
 
-        return forward_logits(model, mb, routing, ctx), collect
+        return forward_logits(model, mb, routing, ctx, hidden=logprob_chunk_tokens > 0), collect
 
     out = _schedule(chunks, ctx)(
         forward_step_func=step, data_iterator=iter(microbatches), model=chunks,

@@ -105,7 +105,8 @@ class Trainer:
         mbs = self.microbatches(samples)
         try:
             return train_step(self.chunks, self.optimizer, self.scheduler, mbs, self.ctx, self.cfg.loss,
-                              self.arch.vocab_size, self.routing)
+                              self.arch.vocab_size, self.routing,
+                              logprob_chunk_tokens=self.cfg.trainer.logprob_chunk_tokens)
         except NonFiniteError as err:
             where = err.microbatches or range(len(mbs))
             groups = sorted({samples[i].group for m in where for i in mbs[m].sample_ids})

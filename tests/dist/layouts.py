@@ -3,6 +3,7 @@
 Launched by tests/unit/trainer/test_layouts.py as ``torchrun --nproc_per_node 2 layouts.py OUT``.
 """
 
+import dataclasses
 import sys
 
 import torch
@@ -20,6 +21,8 @@ from megatron_apriel.trainer.step import forward_logprobs, train_step
 
 ARCH = ModelArch(family="qwen2", vocab_size=250, hidden_size=64, ffn_hidden_size=96, num_layers=2, num_heads=4,
                  num_kv_heads=2, head_dim=24, qkv_bias=True, tie_embeddings=False)
+TIED = dataclasses.replace(ARCH, tie_embeddings=True)
+CHUNK = 5  # tokens of logits at a time: chunks straddle sequences and packed rows (completions of 5-17 tokens)
 SEQ_LEN = 48
 # A large Adam epsilon keeps the update from amplifying float round-off in near-zero gradients,
 # so that layouts can be compared at 1e-5 after one step while the weights still move by ~lr.
@@ -45,25 +48,25 @@ def samples() -> list[TrainSample]:
     return out
 
 
-def run_layout(tp, pp, packed, loss_cfg, sp=False):
+def run_layout(tp, pp, packed, loss_cfg, sp=False, chunk=CHUNK, arch=ARCH):
     """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step
-    (``sp``: with sequence parallelism)."""
+    (``sp``: with sequence parallelism; ``chunk``: trainer.logprob_chunk_tokens, 0 for full logits)."""
     ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp))
-    model = build_model(ModelConfig(arch=ARCH), ctx)
-    ref = reference_state(sorted(canonical_shapes(ARCH).items()))
+    model = build_model(ModelConfig(arch=arch), ctx)
+    ref = reference_state(sorted(canonical_shapes(arch).items()))
     load_full_state_dict(model, ref, ctx)
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(), ctx.dims.dp, ctx.dp_rank)
     mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 3, SEQ_LEN)
-    logp = forward_logprobs(chunks, mbs, ctx, ARCH.vocab_size, loss_cfg.temperature)
+    logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, loss_cfg.temperature, logprob_chunk_tokens=chunk)
     per_sample = {}
     for mb, lp in zip(mbs, logp):
         for j, sid in enumerate(mb.sample_ids):
             sel = mb.loss_mask & (mb.seq == j)
             per_sample[sid] = lp[sel]
-    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss_cfg, ARCH.vocab_size)
-    full = gather_full_state_dict(model, ctx, ARCH.vocab_size)
+    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss_cfg, arch.vocab_size, logprob_chunk_tokens=chunk)
+    full = gather_full_state_dict(model, ctx, arch.vocab_size)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per_sample)
     all_logp = {k: v for d in gathered for k, v in d.items()}
@@ -84,7 +87,15 @@ def main(out_path):
             ("gspo/tp1_dp2_packed", 1, 1, True, GSPO), ("gspo/tp2_packed", 2, 1, True, GSPO),
             ("gspo/pp2_packed", 1, 2, True, GSPO), ("dapo/tp1_dp2", 1, 1, False, DAPO), ("dapo/pp2_packed", 1, 2, True, DAPO)]
     runs += [("gspo/tp2_sp", 2, 1, False, GSPO, True), ("gspo/tp2_sp_packed", 2, 1, True, GSPO, True)]
-    results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items()))}
+    # The full-logits path (trainer.logprob_chunk_tokens=0) beside the chunked one, untied and tied
+    runs += [("full/tp1_dp2", 1, 1, False, GSPO, False, 0), ("full/tp2_packed", 2, 1, True, GSPO, False, 0),
+             ("full/tp2_sp", 2, 1, False, GSPO, True, 0), ("full/pp2_packed", 1, 2, True, GSPO, False, 0)]
+    runs += [("tied/tp1_dp2_packed", 1, 1, True, GSPO, False, CHUNK, TIED),
+             ("tied/tp2", 2, 1, False, GSPO, False, CHUNK, TIED), ("tied/pp2", 1, 2, False, GSPO, False, CHUNK, TIED),
+             ("tied_full/tp1_dp2_packed", 1, 1, True, GSPO, False, 0, TIED),
+             ("tied_full/tp2", 2, 1, False, GSPO, False, 0, TIED), ("tied_full/pp2", 1, 2, False, GSPO, False, 0, TIED)]
+    results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items())),
+               "initial_tied": reference_state(sorted(canonical_shapes(TIED).items()))}
     for name, *layout in runs:
         results[name] = run_layout(*layout)
     if dist.get_rank() == 0:

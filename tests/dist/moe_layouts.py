@@ -37,10 +37,11 @@ ARCHS = {
 SEQ_LEN = 48
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 GSPO = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
-LAYOUTS = (  # name, tp, pp, ep, packed, replay (4 ranks: dp = 4 / (tp * pp); tp 2 runs sequence-parallel)
-    ("ep1", 1, 1, 1, False, True), ("ep1_free", 1, 1, 1, False, False), ("ep2", 1, 1, 2, False, True),
-    ("ep4", 1, 1, 4, False, True), ("ep2_tp2", 2, 1, 2, False, True), ("ep2_pp2", 1, 2, 2, False, True),
-    ("ep2_packed", 1, 1, 2, True, True), ("ep2_tp2_packed", 2, 1, 2, True, True),
+LAYOUTS = (  # name, tp, pp, ep, packed, replay, logprob chunk (4 ranks: dp = 4 / (tp * pp); tp 2 runs sequence-parallel)
+    ("ep1", 1, 1, 1, False, True, 5), ("ep1_free", 1, 1, 1, False, False, 5), ("ep2", 1, 1, 2, False, True, 5),
+    ("ep4", 1, 1, 4, False, True, 5), ("ep2_tp2", 2, 1, 2, False, True, 5), ("ep2_pp2", 1, 2, 2, False, True, 5),
+    ("ep2_packed", 1, 1, 2, True, True, 5), ("ep2_tp2_packed", 2, 1, 2, True, True, 5),
+    ("ep2_tp2_packed_full_logits", 2, 1, 2, True, True, 0),  # the full-logits path, for comparison
 )
 
 
@@ -72,7 +73,7 @@ def samples(arch: ModelArch) -> list[TrainSample]:
     return out
 
 
-def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay: bool) -> dict:
+def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay: bool, chunk: int) -> dict:
     ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1))
     model = build_model(ModelConfig(arch=arch), ctx)
     load_full_state_dict(model, reference_state(arch), ctx)
@@ -81,12 +82,13 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(arch), ctx.dims.dp, ctx.dp_rank)
     mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 2, SEQ_LEN)
-    logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, GSPO.temperature, routing)
+    logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, GSPO.temperature, routing, logprob_chunk_tokens=chunk)
     per_sample = {}
     for mb, lp in zip(mbs, logp):
         for j, sid in enumerate(mb.sample_ids):
             per_sample[sid] = lp[mb.loss_mask & (mb.seq == j)]
-    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, GSPO, arch.vocab_size, routing)
+    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, GSPO, arch.vocab_size, routing,
+                         logprob_chunk_tokens=chunk)
     full = gather_full_state_dict(model, ctx, arch.vocab_size)
     weights = StageWeights(model, ctx, arch.vocab_size, table_to_hf(arch))
     sent = {}
@@ -112,8 +114,8 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
 def main(family: str, out_path: str) -> None:
     arch = ARCHS[family]
     results = {"initial": reference_state(arch)}
-    for name, tp, pp, ep, packed, replay in LAYOUTS:
-        results[name] = run_layout(arch, tp, pp, ep, packed, replay)
+    for name, *layout in LAYOUTS:
+        results[name] = run_layout(arch, *layout)
     if dist.get_rank() == 0:
         torch.save(results, out_path)
     destroy_parallel()

@@ -1,5 +1,6 @@
 """TP=1 (DP=2), TP=2 (also with sequence parallelism) and PP=2, padded and packed: same log-probs,
-loss and updated weights; and
+loss and updated weights; the chunked log-probs (5 tokens of logits at a time, chunks straddling
+sequences and packed rows) against the full logits, tied and untied; and
 TP=1 against an independent single-process computation (transformers), so that a bug every
 layout shares cannot pass.
 
@@ -42,6 +43,31 @@ def test_logprobs_loss_and_step_agree_across_layouts(results, name):
                 "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered"):
         assert other["metrics"][key] == pytest.approx(base["metrics"][key], abs=ATOL), key
     assert _max_diff(base["weights"], other["weights"]) < ATOL
+
+
+METRICS = ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/clip_fraction",
+           "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered")
+
+
+@pytest.mark.parametrize("chunked, full", [("gspo/tp1_dp2", "full/tp1_dp2"), ("gspo/tp2_packed", "full/tp2_packed"),
+                                           ("gspo/tp2_sp", "full/tp2_sp"), ("gspo/pp2_packed", "full/pp2_packed"),
+                                           ("tied/tp1_dp2_packed", "tied_full/tp1_dp2_packed"),
+                                           ("tied/tp2", "tied_full/tp2"), ("tied/pp2", "tied_full/pp2")])
+def test_chunked_logprobs_from_hidden_states_equal_the_full_logits_path(results, chunked, full):
+    a, b = results[chunked], results[full]
+    assert len(a["logp"]) == 8
+    assert _max_diff(a["logp"], b["logp"]) < ATOL
+    for key in METRICS:
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=ATOL), key
+    assert _max_diff(a["weights"], b["weights"]) < ATOL
+
+
+def test_tied_layouts_agree(results):
+    base = results["tied/tp1_dp2_packed"]
+    assert "output_layer.weight" not in base["weights"]
+    for name in ("tied/tp2", "tied/pp2"):
+        assert _max_diff(base["logp"], results[name]["logp"]) < ATOL
+        assert _max_diff(base["weights"], results[name]["weights"]) < ATOL
 
 
 def test_the_step_moves_the_weights(results):

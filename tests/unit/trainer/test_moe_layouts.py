@@ -1,5 +1,6 @@
 """Mixture-of-experts models (Qwen3-MoE with a dense layer, Mixtral) under EP 1, 2 and 4, EP 2 x PP 2
-and packed rows: the same log-probs, loss, gradient norm, MoE metrics and updated weights; and EP 1
+and packed rows, log-probs chunked from hidden states and (EP 2 x TP 2, packed) from the full
+logits: the same log-probs, loss, gradient norm, MoE metrics and updated weights; and EP 1
 against transformers on the same weights, routing freely and with the routed experts replayed
 (transformers' router forced to them), so that a bug every layout shares cannot pass.
 
