@@ -90,7 +90,8 @@ def make_plan(args) -> dict:
         raise ValueError("the planner sizes Megatron's distributed optimizer; set optim.distributed_optimizer=true.")
     settings = TrainerSettings(seq_len=run.trainer.seq_len, param_bytes=4 if run.model.precision == "fp32" else 2,
                                sequence_parallel=run.parallel.sequence_parallel,
-                               vocab_divisible_by=run.model.make_vocab_size_divisible_by)
+                               vocab_divisible_by=run.model.make_vocab_size_divisible_by,
+                               logprob_chunk_tokens=run.trainer.logprob_chunk_tokens)
     usable = args.gpu_memory_gb - args.headroom_gb
     trainer_gpus = trainer_nodes * args.gpus_per_node
     layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)

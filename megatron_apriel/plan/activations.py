@@ -14,8 +14,14 @@ tensors outside attention and the MLP are split over ``t`` as well). ``kernels``
 - ``te`` (Transformer Engine on GPU: fused norm+linear, fused RoPE, flash attention). The norm
   keeps its input and ``1/rms`` (its output is the linear's input); attention keeps rotated q and
   k, the qkv output (v is a view of it) and an fp32 log-sum-exp per head; no ``s^2`` term;
-- the head: the final norm and output-layer inputs, and for the log-prob the fp32 softmax over
-  the local vocabulary; at its peak the logits and their fp32 copy coexist with it.
+- the head, chunked (``trainer.logprob_chunk_tokens`` > 0): the final norm's tensors, the hidden
+  states of the loss positions (all tokens, at worst; in place of the output layer's input) with
+  their indices, targets and fp32 log-sum-exp;
+  at its peak one chunk's logits, their fp32 copy and one more fp32 ``[chunk, V/tp]`` tensor, with
+  the output weight's fp32 gradient accumulator (and, for 16-bit weights, one chunk's contribution);
+- the head, full logits (``logprob_chunk_tokens=0``): the final norm's tensors, the output layer's
+  input, and for the log-prob the fp32 softmax over the local vocabulary; at its peak the logits and their
+  fp32 copy coexist with it.
 
 A mixture of experts' sparse layer replaces the dense MLP's tensors with its experts': each token is
 sent to ``k`` experts (the dispatcher keeps the permuted copies, ``k*h`` per token, and the
@@ -49,6 +55,8 @@ class ActivationShape:
     sequence_parallel: bool = False
     kernels: str = "te"
     """te (Transformer Engine spec, flash attention) or local (Megatron's local spec, the CPU path)."""
+    logprob_chunk_tokens: int = 0
+    """``trainer.logprob_chunk_tokens``: 0 for the head's full logits."""
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNELS:
@@ -93,7 +101,16 @@ def head_bytes(arch: ModelArch, a: ActivationShape, vocab_divisible_by: int = 12
     """The last stage's head: what it keeps for backward, and its transient peak."""
     v_local = padded_vocab_size(arch.vocab_size, a.tp, vocab_divisible_by) // a.tp
     split = a.tp if a.sequence_parallel else 1
-    kept = a.tokens * (2 * a.dtype_bytes * arch.hidden_size / split + FP32 / split + FP32 * v_local + 9)
+    B, h = a.dtype_bytes, arch.hidden_size
+    norm = 2 * B * h / split + FP32 / split  # the final norm: its input and normalised input, 1/rms
+    if a.logprob_chunk_tokens:
+        # the loss positions' hidden states (whole on every TP rank) with their indices, targets,
+        # log-sum-exp and mask, in place of the output layer's input and the softmax
+        kept = a.tokens * (norm + B * h + 8 + 8 + FP32 + 1)
+        rows, cast = min(a.logprob_chunk_tokens, a.tokens), (FP32 if B != FP32 else 0)
+        peak = rows * v_local * (B + cast + FP32) + v_local * h * (FP32 + (B if cast else 0))
+        return {"kept": kept, "peak_extra": peak}
+    kept = a.tokens * (norm + B * h / split + FP32 * v_local + 9)  # the output layer's input, the softmax
     logits = a.tokens * v_local * (a.dtype_bytes + (FP32 if a.dtype_bytes != FP32 else 0))
     return {"kept": kept, "peak_extra": logits}
 

@@ -17,6 +17,7 @@ from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.plan.activations import ActivationShape, head_bytes, stage_activation_bytes
 from megatron_apriel.plan.buffers import worst_rank_state
 from megatron_apriel.plan.params import StageShape
+from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS
 
 GIB = 2 ** 30
 RECOMPUTE_ORDER = (None, "selective", "full")
@@ -34,6 +35,8 @@ class TrainerSettings:
     spec: str = "transformer_engine"
     kernels: str = "te"
     vocab_divisible_by: int = 128
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    """``trainer.logprob_chunk_tokens`` (0: the full logits)."""
 
 
 @dataclass
@@ -85,7 +88,8 @@ def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int,
 def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, usable_gib: float,
                 ep: int = 1) -> Layout:
     act = ActivationShape(tokens=s.seq_len, tp=tp, dtype_bytes=s.param_bytes,
-                          sequence_parallel=s.sequence_parallel and tp > 1, kernels=s.kernels)
+                          sequence_parallel=s.sequence_parallel and tp > 1, kernels=s.kernels,
+                          logprob_chunk_tokens=s.logprob_chunk_tokens)
     head = head_bytes(arch, act, s.vocab_divisible_by)
     layout = Layout(tp, pp, dp, ep, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
     # the middle stages are alike (a MoE model's dense layers may sit anywhere: every stage then)
