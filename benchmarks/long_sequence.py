@@ -10,7 +10,12 @@ the log-probs, a backward from a weighted sum, and reads the peak (``VmHWM``): t
 that peak minus the RSS before the call, the gradients of hidden states and weight included (both
 paths make them). Prints MiB per case, the worst rank, and the ratio chunked / full at each T.
 The hidden size hardly changes the logits' memory and sets the time; 128 keeps the 64K x 128K case
-(which only the chunked path is run at) to a couple of minutes. No assertions: numbers only.
+(which only the chunked path is run at) to a couple of minutes.
+
+``--cp-step`` instead times one training step of a small Llama (4 layers, hidden 256, 32K vocabulary)
+on one packed row of ``--cp-tokens`` tokens (4 sequences), at CP 1 (one process, 2 threads) and CP 2
+(two gloo ranks, 1 thread each, every sequence split in 4 chunks), after one warm-up step: seconds
+and peak RSS per rank above the RSS before the step. No assertions: numbers only.
 """
 
 from __future__ import annotations
@@ -76,12 +81,75 @@ def run_case(tokens: int, vocab: int, hidden: int, chunk: int, tp: int) -> dict:
             "logp_sum": outs[0]["logp_sum"]}
 
 
+_CP_RANK = """
+import json, os, sys, time, torch
+from megatron_apriel.model import ModelArch, ModelConfig, build_model
+from megatron_apriel.model.config import OptimConfig
+from megatron_apriel.model.wrap import build_optimizer, wrap_model
+from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
+from megatron_apriel.rollout.types import TrainSample
+from megatron_apriel.trainer.batch import cp_shard, packed_microbatches
+from megatron_apriel.trainer.config import LossConfig
+from megatron_apriel.trainer.step import train_step
+tokens, cp, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ctx = init_parallel(ParallelConfig(cp=cp))
+arch = ModelArch(family="llama", vocab_size=32000, hidden_size=256, ffn_hidden_size=688, num_layers=4, num_heads=8,
+                 num_kv_heads=4, head_dim=32, max_position_embeddings=65536)
+chunks = wrap_model(build_model(ModelConfig(arch=arch), ctx), ctx)
+optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-4, warmup_steps=0), ctx, total_steps=10)
+g = torch.Generator().manual_seed(0)
+n = tokens // 4
+samples = [TrainSample(torch.randint(0, arch.vocab_size, (n,), generator=g).tolist(), 16, [-2.0] * (n - 16),
+                       advantage=float(i % 2) - 0.5) for i in range(4)]
+mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(samples, [0, 1, 2, 3], tokens, align=2 * cp)]
+loss = LossConfig()
+def kb(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)  # warm-up
+open("/proc/self/clear_refs", "w").write("5")
+before, began = kb("VmRSS:"), time.perf_counter()
+metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)
+seconds = time.perf_counter() - began
+with open(f"{out}.{ctx.rank}", "w") as f:
+    json.dump({"seconds": seconds, "extra_mib": (kb("VmHWM:") - before) / 1024,
+               "grad_norm": metrics["train/grad_norm"]}, f)
+destroy_parallel()
+"""
+
+
+def cp_step(tokens: int) -> None:
+    """One training step at CP 1 and CP 2 on the same row; seconds and extra MiB per rank."""
+    print(f"one training step, {tokens} tokens in one packed row (4 sequences), small Llama, gloo:")
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "cp_rank.py"
+        script.write_text(_CP_RANK)
+        for cp in (1, 2):
+            env = dict(os.environ, OMP_NUM_THREADS=str(2 // cp))
+            out = Path(tmp) / f"cp{cp}"
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cp),
+                            str(script), str(tokens), str(cp), str(out)], check=True, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rows[cp] = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(cp)]
+    for cp, ranks in rows.items():
+        print(f"  CP {cp}: {max(r['seconds'] for r in ranks):.2f} s, peak extra per rank "
+              + ", ".join(f"{r['extra_mib']:.0f} MiB" for r in ranks) + f", grad norm {ranks[0]['grad_norm']:.6f}")
+    one, two = rows[1][0], rows[2]
+    print(f"  CP 2 / CP 1: time x{max(r['seconds'] for r in two) / one['seconds']:.2f}, "
+          f"memory per rank x{max(r['extra_mib'] for r in two) / one['extra_mib']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=2048, help="trainer.logprob_chunk_tokens of the chunked path")
     parser.add_argument("--skip-big", action="store_true", help=f"leave out T={BIG[0]}, V={BIG[1]}")
+    parser.add_argument("--cp-step", action="store_true", help="time one training step at CP 1 and CP 2 instead")
+    parser.add_argument("--cp-tokens", type=int, default=8192)
     args = parser.parse_args()
+    if args.cp_step:
+        cp_step(args.cp_tokens)
+        return
     print(f"{'T':>6} {'V':>7} {'tp':>3} | {'full MiB':>9} {'chunked MiB':>11} {'ratio':>6} | {'full s':>7} {'chunked s':>9}")
     for tp in (1, 2):
         for tokens, vocab in CASES:

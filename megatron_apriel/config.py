@@ -102,9 +102,25 @@ class RunConfig:
             raise ValueError(f"parallel.sequence_parallel=true splits every row's {self.trainer.seq_len} positions over "
                              f"parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "
                              f"{self.parallel.tp}.")
+        self._check_context_parallel()
         if self.rollout.source == "fleet" and not (self.model.hf_path or self.tiny_base.enabled):
             raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
                              "Face model directory.")
+
+    def _check_context_parallel(self) -> None:
+        cp = self.parallel.cp
+        if cp == 1:
+            return
+        if not self.trainer.packing:
+            raise ValueError(f"parallel.cp={cp} splits packed rows (THD): set trainer.packing=true.")
+        if self.rollout.source == "local":
+            raise ValueError(f"parallel.cp={cp}: rollout.source=local generates with the trainer's own model, which "
+                             "CP splits; use rollout.source=fleet (or replay).")
+        align = 2 * cp * (self.parallel.tp if self.parallel.sequence_parallel else 1)
+        if self.trainer.seq_len % align:
+            sp = " x parallel.tp (sequence parallelism)" if self.parallel.sequence_parallel else ""
+            raise ValueError(f"parallel.cp={cp} cuts every sequence into 2 x cp chunks{sp}: set trainer.seq_len to "
+                             f"a multiple of {align}, e.g. {-(-self.trainer.seq_len // align) * align}.")
 
     @property
     def sampling(self) -> SamplingConfig:

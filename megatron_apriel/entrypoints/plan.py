@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.plan.fleet import plan_fleet, stage_update_bytes, weights_bytes
 from megatron_apriel.plan.layouts import TrainerSettings, plan_layouts, recommend
@@ -48,13 +50,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _bundled(preset: str) -> Path | None:
+    """``conf/models/<preset>``, or that of the preset it builds on (its defaults list: a long-budget
+    preset plans its parent's base)."""
+    if (CONF / "models" / preset / "config.json").is_file():
+        return CONF / "models" / preset
+    path = CONF / f"{preset}.yaml"
+    parents = (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if path.is_file() else []
+    for parent in (p for p in parents if isinstance(p, str) and (CONF / f"{p}.yaml").is_file()):
+        if found := _bundled(parent):
+            return found
+    return None
+
+
 def _model_dir(args) -> Path:
     if args.hf:
         return Path(args.hf)
-    bundled = CONF / "models" / args.preset / "config.json"
-    if not bundled.is_file():
-        raise ValueError(f"preset {args.preset!r} has no bundled model config ({bundled}); pass --hf DIR.")
-    return bundled.parent
+    found = _bundled(args.preset)
+    if found is None:
+        raise ValueError(f"preset {args.preset!r} has no bundled model config "
+                         f"({CONF / 'models' / args.preset / 'config.json'}); pass --hf DIR.")
+    return found
 
 
 def load_run(preset: str, model_dir: Path, overrides: list[str]):
@@ -115,7 +131,7 @@ def make_plan(args) -> dict:
                 "sequences_in_flight": run.actor.max_in_flight * run.rollout.group_size},
         "layouts": [lay.to_dict() for lay in layouts],
         "recommended": None if best is None else {"tp": best[0].tp, "pp": best[0].pp, "dp": best[0].dp,
-                                                   "ep": best[0].ep, "recompute": best[1],
+                                                   "ep": best[0].ep, "cp": best[0].cp, "recompute": best[1],
                                                    "total_gib": best[0].total_gib[best[1]]},
         "fleet": fleet.to_dict(),
         "weight_update": {"pp": pp, "ep": ep, "bytes_per_stage": update, "seconds_per_stage": seconds,

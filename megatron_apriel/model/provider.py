@@ -81,6 +81,8 @@ def transformer_config_kwargs(cfg: ModelConfig, arch: ModelArch, ctx: ParallelCo
         init_method_std=cfg.init_std,
         tensor_model_parallel_size=ctx.dims.tp,
         pipeline_model_parallel_size=ctx.dims.pp,
+        context_parallel_size=ctx.dims.cp,
+        cp_comm_type=ctx.cp_comm_type if ctx.dims.cp > 1 else None,
         sequence_parallel=ctx.sequence_parallel,
         pipeline_dtype=dtype,
         params_dtype=dtype,

@@ -34,6 +34,10 @@ class ParallelContext:
     """Which slice of every MoE layer's experts this rank holds (0 when ep = 1)."""
     expert_dp_rank: int = 0
     """This rank's index among the replicas of its experts (Megatron's expert data-parallel rank)."""
+    cp_rank: int = 0
+    """This rank's index in its context-parallel group (which chunks of each sequence it holds)."""
+    cp_comm_type: str = "p2p"
+    """``parallel.cp_comm_type``: how TE's attention exchanges keys and values over the CP group (GPU)."""
 
     def local_experts(self, num_experts: int) -> range:
         """Global indices of the experts this rank holds."""
@@ -50,8 +54,8 @@ class ParallelContext:
 
     @property
     def is_logging_rank(self) -> bool:
-        """The rank that writes metrics: last pipeline stage, first TP and DP rank."""
-        return self.is_last_stage and self.tp_rank == 0 and self.dp_rank == 0
+        """The rank that writes metrics: last pipeline stage, first TP, CP and DP rank."""
+        return self.is_last_stage and self.tp_rank == 0 and self.dp_rank == 0 and self.cp_rank == 0
 
 
 def _backend(cfg: ParallelConfig) -> str:
@@ -85,6 +89,7 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelContext:
     ps.initialize_model_parallel(
         tensor_model_parallel_size=dims.tp,
         pipeline_model_parallel_size=dims.pp,
+        context_parallel_size=dims.cp,
         expert_model_parallel_size=dims.ep,
         expert_tensor_parallel_size=1,
         distributed_timeout_minutes=cfg.timeout_minutes,
@@ -102,6 +107,8 @@ def init_parallel(cfg: ParallelConfig, seed: int = 1234) -> ParallelContext:
         sequence_parallel=cfg.sequence_parallel,
         ep_rank=dist.get_rank(pgs.ep),
         expert_dp_rank=dist.get_rank(pgs.expt_dp),
+        cp_rank=dist.get_rank(pgs.cp),
+        cp_comm_type=cfg.cp_comm_type,
     )
 
 

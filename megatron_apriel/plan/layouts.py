@@ -45,6 +45,7 @@ class Layout:
     pp: int
     dp: int
     ep: int = 1
+    cp: int = 1
     weights_gib: float = 0.0
     grads_gib: float = 0.0
     optimizer_gib: float = 0.0
@@ -65,11 +66,14 @@ def _key(recompute) -> str:
     return recompute or "none"
 
 
-def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int,
-                      sequence_parallel: bool = True) -> list[tuple[int, int, int, int]]:
-    """(tp, pp, dp, ep) with tp inside a node dividing the heads, KV heads and MLP, pp dividing the
-    layers, and for a MoE model ep dividing the experts and tp * dp (tp > 1 only with sequence
-    parallelism)."""
+CP_SIZES = (1, 2, 4, 8)
+
+
+def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, sequence_parallel: bool = True,
+                      seq_len: int = 0) -> list[tuple[int, int, int, int, int]]:
+    """(tp, pp, dp, ep, cp) with tp inside a node dividing the heads, KV heads and MLP, pp dividing
+    the layers, cp splitting ``seq_len`` into 2 x cp chunks (x tp with sequence parallelism), and for
+    a MoE model ep dividing the experts and tp * cp * dp (tp > 1 only with sequence parallelism)."""
     out = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node):
         if arch.num_heads % tp or arch.num_kv_heads % tp or arch.ffn_hidden_size % tp:
@@ -77,24 +81,32 @@ def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int,
         if arch.is_moe and tp > 1 and not sequence_parallel:
             continue
         for pp in range(1, arch.num_layers + 1):
-            if arch.num_layers % pp or gpus % (tp * pp):
+            if arch.num_layers % pp:
                 continue
-            dp = gpus // (tp * pp)
-            eps = [e for e in range(1, arch.num_experts + 1) if arch.num_experts % e == 0 and (tp * dp) % e == 0]
-            out += [(tp, pp, dp, ep) for ep in (eps if arch.is_moe else [1])]
+            for cp in CP_SIZES:
+                align = 2 * cp * (tp if sequence_parallel else 1)
+                if gpus % (tp * pp * cp) or (cp > 1 and seq_len % align):
+                    continue
+                dp = gpus // (tp * pp * cp)
+                eps = [e for e in range(1, arch.num_experts + 1)
+                       if arch.num_experts % e == 0 and (tp * cp * dp) % e == 0]
+                out += [(tp, pp, dp, ep, cp) for ep in (eps if arch.is_moe else [1])]
     return out
 
 
 def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, usable_gib: float,
-                ep: int = 1) -> Layout:
-    act = ActivationShape(tokens=s.seq_len, tp=tp, dtype_bytes=s.param_bytes,
+                ep: int = 1, cp: int = 1) -> Layout:
+    """A layout's memory per GPU. Context parallelism splits every row's tokens (activations and the
+    head) over ``cp`` ranks, which hold the same weights and shard the optimizer with the DP ranks."""
+    act = ActivationShape(tokens=s.seq_len // cp, tp=tp, dtype_bytes=s.param_bytes,
                           sequence_parallel=s.sequence_parallel and tp > 1, kernels=s.kernels,
                           logprob_chunk_tokens=s.logprob_chunk_tokens)
     head = head_bytes(arch, act, s.vocab_divisible_by)
-    layout = Layout(tp, pp, dp, ep, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
+    layout = Layout(tp, pp, dp, ep, cp, logits_gib=(head["kept"] + head["peak_extra"]) / GIB)
     # the middle stages are alike (a MoE model's dense layers may sit anywhere: every stage then)
     stages = sorted({0, pp // 2, pp - 1}) if not arch.dense_layers else list(range(pp))
-    states = {st: worst_rank_state(arch, StageShape(tp, pp, st, s.spec, s.vocab_divisible_by, ep), dp, s.param_bytes)
+    states = {st: worst_rank_state(arch, StageShape(tp, pp, st, s.spec, s.vocab_divisible_by, ep), dp * cp,
+                                   s.param_bytes)
               for st in stages}
     worst = max(states.values(), key=lambda x: x.total)
     layout.weights_gib, layout.grads_gib, layout.optimizer_gib = (worst.weights / GIB, worst.grads / GIB,
@@ -111,15 +123,18 @@ def size_layout(arch: ModelArch, tp: int, pp: int, dp: int, s: TrainerSettings, 
 
 
 def plan_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, s: TrainerSettings, usable_gib: float) -> list[Layout]:
-    return [size_layout(arch, tp, pp, dp, s, usable_gib, ep)
-            for tp, pp, dp, ep in candidate_layouts(arch, gpus, gpus_per_node, s.sequence_parallel)]
+    return [size_layout(arch, tp, pp, dp, s, usable_gib, ep, cp)
+            for tp, pp, dp, ep, cp in candidate_layouts(arch, gpus, gpus_per_node, s.sequence_parallel, s.seq_len)]
 
 
 def recommend(layouts: list[Layout]) -> tuple[Layout, str] | None:
     """The fitting layout with the least recomputation, then the most data parallelism, then the
     fewest pipeline stages (fewer bubbles), then the smallest expert parallelism (less token
-    exchange); None when nothing fits."""
-    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.tp * lay.pp, lay.pp, lay.tp, lay.ep, rec, i)
+    exchange); None when nothing fits. Context parallelism comes right after recomputation: the least
+    CP that fits with the least recomputation (its communication is not sized here, so it is taken
+    only where it saves recomputation, as for long sequences)."""
+    options = [(RECOMPUTE_ORDER.index(None if rec == "none" else rec), lay.cp, lay.tp * lay.pp * lay.cp, lay.pp,
+                lay.tp, lay.ep, rec, i)
                for i, lay in enumerate(layouts) for rec in lay.fits[:1]]
     if not options:
         return None

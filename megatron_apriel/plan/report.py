@@ -7,7 +7,7 @@ GB_FMT = "{:6.1f}"
 
 def _row(lay: dict) -> str:
     act = lay["activations_gib"]
-    cells = [f"{lay['tp']:>3} {lay['pp']:>3} {lay['dp']:>4} {lay['ep']:>3}"] + [GB_FMT.format(lay[k]) for k in
+    cells = [f"{lay['tp']:>3} {lay['cp']:>3} {lay['pp']:>3} {lay['dp']:>4} {lay['ep']:>3}"] + [GB_FMT.format(lay[k]) for k in
                                                           ("weights_gib", "grads_gib", "optimizer_gib")]
     cells += [GB_FMT.format(act[r]) for r in ("none", "selective", "full")] + [GB_FMT.format(lay["logits_gib"])]
     cells += [GB_FMT.format(lay["total_gib"][r]) for r in ("none", "selective", "full")]
@@ -28,7 +28,7 @@ def render_text(plan: dict) -> str:
         f"sequence parallel {'on' if r['sequence_parallel'] else 'off'} (tp > 1)",
         "",
         "trainer layouts, GiB per GPU (worst stage, worst DP rank); act. and logits are ESTIMATES:",
-        " tp  pp   dp  ep  weight   grad  optim  act:none    sel   full  logits  tot:none    sel   full  fits",
+        " tp  cp  pp   dp  ep  weight   grad  optim  act:none    sel   full  logits  tot:none    sel   full  fits",
     ]
     lines += [_row(lay) for lay in plan["layouts"]]
     best = plan["recommended"]
@@ -36,7 +36,8 @@ def render_text(plan: dict) -> str:
     if best:
         rec = best["recompute"]
         ep = f" parallel.ep={best['ep']}" if m["experts"] else ""
-        lines.append(f"recommended: parallel.tp={best['tp']} parallel.pp={best['pp']}{ep} (dp {best['dp']}), "
+        cp = f" parallel.cp={best['cp']}" if best["cp"] > 1 else ""
+        lines.append(f"recommended: parallel.tp={best['tp']}{cp} parallel.pp={best['pp']}{ep} (dp {best['dp']}), "
                      f"model.recompute={'null' if rec == 'none' else rec}: {best['total_gib']:.1f} GiB per GPU")
     else:
         lines.append("recommended: none fits; add trainer nodes, lower trainer.seq_len or use larger GPUs")

@@ -9,6 +9,11 @@ Packed: ``[1, T]`` rows holding several sequences back to back, described by
 ``PackedSeqParams(qkv_format="thd", cu_seqlens=...)``; attention stays inside each sequence and
 RoPE positions restart per sequence (TE on GPU, ``model.attention`` on CPU). The unused tail of
 a row is one more, loss-free segment. Both give the same log-probs for the same samples.
+
+Context parallelism (packed rows only): every segment is padded to a multiple of 2 x cp positions
+(``align``) and :func:`cp_shard` keeps this CP rank's two chunks of each (chunk ``r`` and chunk
+``2cp - 1 - r`` of 2cp, Megatron's load-balanced split for causal attention); ``cu_seqlens`` stay
+those of the whole row, as Megatron's RoPE and TE's attention expect.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from megatron_apriel.parallel.context import cp_positions
 from megatron_apriel.rollout.types import TrainSample, balance_by_tokens
 
 
@@ -133,17 +139,29 @@ def pack_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: int) -> list[MicroBatch]:
-    """``[1, pack_len]`` rows, each packing several sequences (THD layout)."""
+def _aligned(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: int, *,
+                        align: int = 1) -> list[MicroBatch]:
+    """``[1, pack_len]`` rows, each packing several sequences (THD layout); each sequence takes a
+    multiple of ``align`` positions (2 x cp under context parallelism; the extra ones carry no loss)."""
+    if pack_len % align:
+        raise ValueError(f"trainer.seq_len={pack_len} must be a multiple of {align} (2 x parallel.cp, times "
+                         "parallel.tp with sequence parallelism); raise it to the next multiple.")
     out = []
-    for members in pack_bins([len(s.tokens) for s in samples], pack_len):
+    for members in pack_bins([_aligned(len(s.tokens), align) for s in samples], pack_len):
         chunk = [samples[i] for i in members]
         rows = _empty_rows(1, pack_len, chunk)
         row = {k: v[0] for k, v in rows.items()}
         bounds, start = [0], 0
         for j, s in enumerate(chunk):
             _fill_row(row, start, s, j)
-            start += len(s.tokens)
+            n = _aligned(len(s.tokens), align)
+            row["seq"][start + len(s.tokens):start + n] = j
+            row["position_ids"][start + len(s.tokens):start + n] = torch.arange(len(s.tokens), n)
+            start += n
             bounds.append(start)
         if start < pack_len:  # the unused tail is a loss-free segment of its own
             row["seq"][start:] = len(chunk) - 1
@@ -152,6 +170,18 @@ def packed_microbatches(samples: list[TrainSample], ids: list[int], pack_len: in
         out.append(MicroBatch(**rows, **_per_seq(chunk), cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
                               max_seqlen=max(lengths), sample_ids=[ids[i] for i in members]))
     return out
+
+
+def cp_shard(mb: MicroBatch, cp: int, cp_rank: int) -> MicroBatch:
+    """This CP rank's share of a packed micro-batch: its positions of every per-position tensor;
+    the per-sequence tensors and the row's ``cu_seqlens`` whole."""
+    if cp == 1:
+        return mb
+    if mb.cu_seqlens is None:
+        raise ValueError("context parallelism splits packed rows: set trainer.packing=true with parallel.cp > 1.")
+    where = cp_positions(mb.cu_seqlens, cp, cp_rank)
+    fields = {k: (v[:, where] if isinstance(v, torch.Tensor) and v.dim() >= 2 else v) for k, v in mb.__dict__.items()}
+    return MicroBatch(**fields)
 
 
 def split_for_data_parallel(samples: list[TrainSample], dp: int, dp_rank: int) -> tuple[list[TrainSample], list[int]]:

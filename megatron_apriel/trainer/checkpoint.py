@@ -116,7 +116,8 @@ def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: Pa
     barrier()
     if world_rank() == 0:
         state = {"format_version": FORMAT_VERSION, "step": step, "scheduler": scheduler.state_dict(),
-                 "world_size": world_size(), "layout": {"tp": ctx.dims.tp, "pp": ctx.dims.pp, "dp": ctx.dims.dp},
+                 "world_size": world_size(),
+                 "layout": {"tp": ctx.dims.tp, "pp": ctx.dims.pp, "dp": ctx.dims.dp, "cp": ctx.dims.cp},
                  **extra}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         # lets `apriel-convert mcore-to-hf --mcore .../dist` export it without an HF reference

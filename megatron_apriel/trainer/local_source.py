@@ -35,6 +35,9 @@ class LocalRolloutSource:
                  rewards: RewardConfig):
         if ctx.dims.pp > 1:
             raise ValueError("rollout.source=local samples with the trainer model and needs parallel.pp=1.")
+        if ctx.dims.cp > 1:
+            raise ValueError("rollout.source=local generates with the trainer's own model, which context parallelism "
+                             "splits: use rollout.source=fleet (or replay) with parallel.cp > 1.")
         if cfg.groups_per_step < ctx.dims.dp:
             raise ValueError(f"rollout.groups_per_step={cfg.groups_per_step} < dp={ctx.dims.dp}: every "
                              "data-parallel rank needs at least one prompt.")

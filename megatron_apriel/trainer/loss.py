@@ -15,11 +15,17 @@ filtered (truncated) sequences:
     log s_i = sum_t (logp_t - old_logp_t) / n_i
     loss    = -(1/B) sum_i w_i m_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
 with w_i = n_i ("length", the authors' choice) or 1 ("equal"), B = sequences in the step.
+
+Context parallelism: a rank holds part of each sequence's tokens. ``seq_total`` sums an ``[S]``
+tensor over the ranks that share the sequences (the CP group); the per-sequence quantities (n_i,
+log s_i) use it, with the gradient flowing through this rank's own tokens only. Every loss then
+sums over tokens (GSPO in its token form, same value and gradient), so the ranks' ``loss_sum``
+add up to the whole loss; per-sequence counts and metrics come from ``counts_sequences`` ranks only.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -35,6 +41,8 @@ class LossInputs(NamedTuple):
     truncated_S: torch.Tensor  # bool [S], finished by the length limit
     entropy_N: torch.Tensor | None = None  # float [N], optional, for metrics only
     fresh_N: torch.Tensor | None = None  # bool [N], optional: loss tokens sampled by the weights being trained
+    seq_total: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # [S] -> [S] summed over the CP group
+    counts_sequences: bool = True  # this rank counts per-sequence terms (under CP: CP rank 0 only)
 
 
 class LossOutput(NamedTuple):
@@ -55,10 +63,18 @@ def _clipped_objective(ratio, adv, eps_low: float, eps_high: float):
     return objective, is_clipped
 
 
+def _whole(local_S: torch.Tensor, inp: LossInputs) -> torch.Tensor:
+    """The per-sequence sum over every rank holding the sequences; differentiable through this rank's part."""
+    if inp.seq_total is None:
+        return local_S
+    detached = local_S.detach()
+    return local_S + (inp.seq_total(detached.clone()) - detached)
+
+
 def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
     """Dispatch on ``cfg.kind``; see the module docstring for the layout and normalisation."""
     n_seq = inp.adv_S.shape[0]
-    n_tok_S = _per_seq_sum(torch.ones_like(inp.logp_N), inp, n_seq).detach()  # [S]
+    n_tok_S = _whole(_per_seq_sum(torch.ones_like(inp.logp_N), inp, n_seq).detach(), inp)  # [S]
     keep_S = (n_tok_S > 0).float()
     if cfg.overlong_filtering:
         keep_S = keep_S * (~inp.truncated_S).float()
@@ -72,9 +88,9 @@ def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
 
 def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
     n_seq = inp.adv_S.shape[0]
-    log_s_S = _per_seq_sum(log_ratio_N, inp, n_seq) / n_tok_S.clamp(min=1)
+    log_s_S = _whole(_per_seq_sum(log_ratio_N, inp, n_seq), inp) / n_tok_S.clamp(min=1)
     weight_S = n_tok_S if cfg.seq_weighting == "length" else torch.ones_like(n_tok_S)
-    if cfg.kind == "gspo":
+    if cfg.kind == "gspo" and inp.seq_total is None:
         s_S = log_s_S.exp()
         obj_S, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     else:  # gspo_token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], averaged over the sequence's tokens
@@ -84,8 +100,9 @@ def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
         s_S = log_s_S.detach().exp()
         _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     loss_sum = -(weight_S * keep_S * obj_S).sum()
-    count = torch.tensor(n_seq, dtype=torch.int, device=loss_sum.device)
-    stats = {"ratio": s_S.detach()[keep_S > 0], "clipped": clipped_S[keep_S > 0]}
+    count = torch.tensor(n_seq if inp.counts_sequences else 0, dtype=torch.int, device=loss_sum.device)
+    counted = (keep_S > 0) & inp.counts_sequences
+    stats = {"ratio": s_S.detach()[counted], "clipped": clipped_S[counted]}
     return loss_sum, count, stats
 
 
@@ -97,10 +114,10 @@ def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
     obj_N = obj_N * keep_S[seq]
     if cfg.aggregation == "token_mean":
         loss_sum = -obj_N[inp.mask_N].sum()
-        count = n_tok_S.sum().to(torch.int)
+        count = inp.mask_N.sum().to(torch.int)  # this rank's tokens: under CP the ranks' counts add up
     else:
         loss_sum = -(_per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)).sum()
-        count = torch.tensor(n_seq, dtype=torch.int, device=loss_sum.device)
+        count = torch.tensor(n_seq if inp.counts_sequences else 0, dtype=torch.int, device=loss_sum.device)
     live = inp.mask_N & (keep_S[seq] > 0)
     stats = {"ratio": ratio_N.detach()[live], "clipped": clipped_N[live]}
     return loss_sum, count, stats
@@ -109,10 +126,11 @@ def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
 def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
     ratio, zero = stats["ratio"], inp.logp_N.new_zeros(())
     tok = inp.mask_N
+    once = 1.0 if inp.counts_sequences else 0.0  # per-sequence counts, once over the CP group
     m = {
-        "seqs": torch.tensor(float(inp.adv_S.shape[0])),
-        "tokens": n_tok_S.sum(),
-        "seqs_filtered": (keep_S == 0).sum().float(),
+        "seqs": torch.tensor(float(inp.adv_S.shape[0]) * once),
+        "tokens": inp.mask_N.sum().float(),
+        "seqs_filtered": (keep_S == 0).sum().float() * once,
         "ratio_items": torch.tensor(float(ratio.numel())),
         "ratio_sum": ratio.sum() if ratio.numel() else zero,
         "ratio_min": ratio.min() if ratio.numel() else zero + float("inf"),

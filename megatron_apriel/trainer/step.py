@@ -54,11 +54,24 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chu
     logp, entropy = token_logprobs(output, mb, ctx, vocab_size, cfg.temperature, model=model,
                                    chunk_tokens=chunk_tokens)
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
-                     mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten())
+                     mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten(),
+                     seq_total=_sum_over_cp(ctx), counts_sequences=ctx.cp_rank == 0)
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
                    nonfinite=(~torch.isfinite(out.loss_sum.detach())).float())
     return out.loss_sum, out.count, metrics
+
+
+def _sum_over_cp(ctx: ParallelContext):
+    """Sums a per-sequence tensor over the CP group (whose ranks hold parts of the same sequences)."""
+    if ctx.dims.cp == 1:
+        return None
+
+    def total(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=ctx.pgs.cp)
+        return t
+
+    return total
 
 
 def _forward_step(ctx, cfg, vocab_size, routing, chunk_tokens, data_iterator, model):
@@ -80,7 +93,7 @@ def _schedule(chunks, ctx: ParallelContext):
 
 
 def reduce_metrics(per_microbatch: list[dict], ctx: ParallelContext) -> dict:
-    """Sum (or min/max) over micro-batches, then over data-parallel ranks. Last stage only."""
+    """Sum (or min/max) over micro-batches, then over data- and context-parallel ranks. Last stage only."""
     keys = sorted(per_microbatch[0])
     out = {}
     for op, pick in ((dist.ReduceOp.SUM, lambda k: not k.endswith(("_min", "_max"))),
@@ -92,8 +105,8 @@ def reduce_metrics(per_microbatch: list[dict], ctx: ParallelContext) -> dict:
         stacked = torch.stack([torch.stack([m[k].float() for k in names]) for m in per_microbatch])
         local = {dist.ReduceOp.SUM: stacked.sum(0), dist.ReduceOp.MIN: stacked.min(0).values,
                  dist.ReduceOp.MAX: stacked.max(0).values}[op]
-        if ctx.dims.dp > 1:
-            dist.all_reduce(local, op=op, group=ctx.pgs.dp)
+        if ctx.dims.dp * ctx.dims.cp > 1:  # CP ranks hold parts of the same sequences: their sums add up
+            dist.all_reduce(local, op=op, group=ctx.pgs.dp_cp)
         out.update({k: float(v) for k, v in zip(names, local.tolist())})
     return out
 
@@ -124,7 +137,7 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
         data_iterator=iter(microbatches),
         model=chunks,
         num_microbatches=len(microbatches),
-        seq_length=shape[1],
+        seq_length=shape[1] * ctx.dims.cp,  # the whole row: Megatron divides by cp
         micro_batch_size=shape[0],
         forward_only=False,
     )
@@ -166,7 +179,8 @@ def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContex
 
     out = _schedule(chunks, ctx)(
         forward_step_func=step, data_iterator=iter(microbatches), model=chunks,
-        num_microbatches=len(microbatches), seq_length=shape[1], micro_batch_size=shape[0],
+        num_microbatches=len(microbatches), micro_batch_size=shape[0],
+        seq_length=shape[1] * ctx.dims.cp,  # the whole row: Megatron divides by cp
         forward_only=True,
     )
     if routing is not None:

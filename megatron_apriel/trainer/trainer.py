@@ -23,7 +23,7 @@ from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
-from megatron_apriel.trainer.batch import MicroBatch, packed_microbatches, padded_microbatches
+from megatron_apriel.trainer.batch import MicroBatch, cp_shard, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
                                                save_checkpoint, step_dir)
 from megatron_apriel.trainer.step import NonFiniteError, train_step
@@ -98,7 +98,10 @@ class Trainer:
         t = self.cfg.trainer
         ids = list(range(len(samples)))
         if t.packing:
-            return packed_microbatches(samples, ids, t.seq_len)
+            dims = self.ctx.dims
+            align = 2 * dims.cp * (dims.tp if self.ctx.sequence_parallel else 1)
+            return [cp_shard(mb, dims.cp, self.ctx.cp_rank)
+                    for mb in packed_microbatches(samples, ids, t.seq_len, align=align)]
         return padded_microbatches(samples, ids, t.micro_batch_size, t.seq_len)
 
     def train_once(self, samples: list[TrainSample]) -> dict[str, float]:

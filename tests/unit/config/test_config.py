@@ -51,6 +51,20 @@ def test_out_of_range_values_fail_with_the_fix(override, message):
         to_run_config(compose_run("tiny_local", [override]))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.cp=0"], "parallel.cp must be >= 1"),
+    (["parallel.cp=2", "trainer.packing=false"], "parallel.cp=2 splits packed rows"),
+    (["parallel.cp=2"], "rollout.source=local generates with the trainer's own model"),  # tiny_local is local
+    (["parallel.cp=2", "rollout.source=fleet", "actor.max_prompt_tokens=64", "trainer.seq_len=126"],
+     "set trainer.seq_len to a multiple of 4, e.g. 128"),
+    (["parallel.cp=2", "rollout.source=fleet", "actor.max_prompt_tokens=64", "parallel.tp=2",
+      "parallel.sequence_parallel=true", "trainer.seq_len=132"], "a multiple of 8, e.g. 136"),
+])
+def test_context_parallel_refusals_name_the_keys(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        to_run_config(compose_run("tiny_local", ["model.hf_path=/m", *overrides]))
+
+
 def test_paper_preset_composes_with_the_recipe_numbers():
     run = to_run_config(compose_run("apriel_15b", ["model.hf_path=/ckpt/apriel", "actor.data=[/data/math.jsonl]"]))
     assert run.loss.eps_low == 3e-3 and run.loss.eps_high == 4e-3 and run.optim.clip_grad == 0.1
@@ -72,6 +86,16 @@ def test_larger_base_presets_compose_on_the_recipe(name, tp, pp, servers):
     assert run.loss.eps_low == 3e-3 and run.rewards.max_len == 16000  # the recipe, from the defaults
 
 
+@pytest.mark.parametrize("name, seq_len, budget, layout, servers, nodes", [
+    ("apriel_15b_32k", 36864, 32000, (8, 1, 1), 16, 4), ("qwen25_32b_64k", 65536, 61440, (8, 8, 1), 16, 8)])
+def test_long_budget_presets_build_on_the_recipe(name, seq_len, budget, layout, servers, nodes):
+    run = to_run_config(compose_run(name, ["model.hf_path=/m", "actor.data=[/d.jsonl]"]))
+    assert (run.trainer.seq_len, run.rewards.max_len) == (seq_len, budget)
+    assert (run.parallel.tp, run.parallel.cp, run.parallel.pp) == layout
+    assert (run.fleet.num_servers, run.launch.nnodes) == (servers, nodes)
+    assert run.trainer.seq_len >= run.actor.max_prompt_tokens + budget and run.loss.eps_low == 3e-3
+
+
 def test_tiny_cpu_derives_its_paths_from_the_run_dir():
     run = to_run_config(compose_run("tiny_cpu", ["run_dir=/tmp/r"]))
     assert run.model.hf_path == "/tmp/r/base" and run.actor.data == ["/tmp/r/base/addition.jsonl"]
@@ -90,18 +114,29 @@ def _leaves(node, prefix=""):
         yield prefix[:-1], node
 
 
+def _preset_defaults(raw: dict):
+    """What a preset's keys would be without it: RunConfig's defaults under the presets it builds on."""
+    merged = OmegaConf.structured(RunConfig)
+    for parent in (p for p in raw.get("defaults", []) if isinstance(p, str) and p in PRESETS):
+        parent_raw = OmegaConf.to_container(OmegaConf.load(CONF / f"{parent}.yaml"), resolve=False)
+        merged = OmegaConf.merge(_preset_defaults(parent_raw),
+                                 {k: v for k, v in parent_raw.items() if k not in ("defaults", "hydra")})
+    return merged
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_hold_overrides_only(name):
     """A preset that restates a default hides where the value really comes from (and goes stale)."""
     raw = OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"), resolve=False)
-    defaults = OmegaConf.structured(RunConfig)
+    defaults = _preset_defaults(raw)
     restated = [key for key, value in _leaves({k: v for k, v in raw.items() if k not in ("defaults", "hydra")})
                 if OmegaConf.select(defaults, key, throw_on_missing=False) == value]
     assert not restated, f"{name}.yaml restates defaults: {restated}"
 
 
 def test_every_preset_builds():
-    cluster = ("apriel_15b", "qwen25_32b", "llama3_70b", "qwen3_30b_a3b", "qwen3_235b_a22b")
+    cluster = ("apriel_15b", "qwen25_32b", "llama3_70b", "qwen3_30b_a3b", "qwen3_235b_a22b", "apriel_15b_32k",
+               "qwen25_32b_64k")
     assert {"tiny_cpu", "tiny_local", "smoke_5domains", "tiny_moe_cpu", *cluster} <= set(PRESETS)
     for name in PRESETS:
         extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name in cluster else []

@@ -49,13 +49,31 @@ def test_llama3_70b_on_64_and_128_h100s(capsys, nodes):
     trainer_gpus = plan["cluster"]["trainer_nodes"] * 8
     assert trainer_gpus == int(nodes) * 4
     for layout in plan["layouts"]:
-        assert layout["tp"] * layout["pp"] * layout["dp"] == trainer_gpus and 80 % layout["pp"] == 0
+        assert layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"] == trainer_gpus and 80 % layout["pp"] == 0
         assert layout["fits"] == [r for r in ("none", "selective", "full") if layout["total_gib"][r] <= 74]
     best = plan["recommended"]
     assert best is not None and best["total_gib"] <= plan["cluster"]["usable_gib"]
     assert plan["fleet"]["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
     assert plan["fleet"]["servers"] * plan["fleet"]["tp_per_server"] == int(nodes) * 4
     assert plan["estimates"] == ["activations", "logits"]
+
+
+def test_context_parallelism_is_searched_and_taken_where_it_saves_recomputation(capsys):
+    """CP 1-8 are sized and CP halves a row's activations and shrinks the head. At the recipe's 20K
+    tokens Qwen2.5-32B fits on 4 trainer nodes without CP or recomputation, so no CP is proposed; at
+    64K on 8 trainer nodes it takes CP rather than full recomputation."""
+    short = _plan(capsys, "--preset", "qwen25_32b", *CLUSTER)
+    assert {lay["cp"] for lay in short["layouts"]} == {1, 2, 4, 8}
+    assert short["recommended"]["cp"] == 1 and short["recommended"]["recompute"] == "none"
+    long = _plan(capsys, "--preset", "qwen25_32b", "--override", "trainer.seq_len=65536", "--nodes", "16",
+                 "--gpus-per-node", "8", "--gpu-memory-gb", "80")
+    by = {(lay["tp"], lay["pp"], lay["cp"]): lay for lay in long["layouts"]}
+    one, two = by[(8, 2, 1)], by[(8, 2, 2)]
+    assert two["activations_gib"]["none"] == pytest.approx(one["activations_gib"]["none"] / 2, rel=1e-6)
+    assert two["logits_gib"] < one["logits_gib"]
+    best = long["recommended"]
+    assert best["cp"] > 1 and best["recompute"] != "full", best
+    assert not [lay for lay in long["layouts"] if lay["cp"] == 1 and best["recompute"] in lay["fits"]]
 
 
 def test_text_output_says_what_is_estimated(capsys):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from megatron_apriel.model.attention import block_causal_mask
-from megatron_apriel.trainer.batch import (TrainSample, pack_bins, packed_microbatches, padded_microbatches,
+from megatron_apriel.parallel.context import cp_positions
+from megatron_apriel.trainer.batch import (TrainSample, cp_shard, pack_bins, packed_microbatches, padded_microbatches,
                                            split_for_data_parallel)
 
 
@@ -71,3 +72,39 @@ def test_data_parallel_split_is_a_balanced_partition():
 def test_bad_sample_is_rejected():
     with pytest.raises(ValueError, match="behaviour log-probs"):
         TrainSample([1, 2, 3], 1, [-1.0], 0.0)
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+def test_context_parallel_ranks_hold_two_balanced_chunks_of_every_segment_and_together_the_row(cp):
+    """Segments padded to multiples of 2cp; rank r holds chunks r and 2cp-1-r of each (as Megatron's
+    RoPE and TE expect), the ranks' positions partition the row, and every completion token is scored
+    on exactly one rank with its label and behaviour log-prob."""
+    data = samples()
+    mbs = packed_microbatches(data, list(range(5)), 24 * cp, align=2 * cp)
+    for mb in mbs:
+        cu = mb.cu_seqlens.tolist()
+        assert all((b - a) % (2 * cp) == 0 for a, b in zip(cu[:-1], cu[1:]))
+        held = [cp_positions(mb.cu_seqlens, cp, r) for r in range(cp)]
+        assert sorted(torch.cat(held).tolist()) == list(range(cu[-1]))
+        a, b = cu[0], cu[1]
+        c = (b - a) // (2 * cp)
+        assert held[0][:2 * c].tolist() == list(range(a, a + c)) + list(range(b - c, b))  # first and last chunks
+        shards = [cp_shard(mb, cp, r) for r in range(cp)]
+        assert all(s.tokens.shape[1] == cu[-1] // cp and torch.equal(s.cu_seqlens, mb.cu_seqlens) for s in shards)
+        for j in range(len(mb.sample_ids)):
+            scored = []  # (position in the row, label) of sequence j's loss tokens, from every rank
+            for shard, pos in zip(shards, held):
+                sel = (shard.loss_mask & (shard.seq == j))[0]
+                scored += zip(pos[sel].tolist(), shard.labels[0, sel].tolist())
+            assert [lab for _, lab in sorted(scored)] == [lab for lab, _ in _scored(mb, j)]
+
+
+def test_context_parallel_packing_refuses_rows_it_cannot_split():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        packed_microbatches(samples(), list(range(5)), 18, align=4)
+    (mb,) = packed_microbatches(samples()[:1], [0], 16)  # a 7-token segment, not padded
+    with pytest.raises(ValueError, match="cannot be split into 2 x cp = 4 chunks"):
+        cp_shard(mb, 2, 0)
+    padded = padded_microbatches(samples(), list(range(5)), 2, 16)[0]
+    with pytest.raises(ValueError, match="trainer.packing=true"):
+        cp_shard(padded, 2, 0)

@@ -1,6 +1,7 @@
 """TP=1 (DP=2), TP=2 (also with sequence parallelism) and PP=2, padded and packed: same log-probs,
 loss and updated weights; the chunked log-probs (5 tokens of logits at a time, chunks straddling
-sequences and packed rows) against the full logits, tied and untied; and
+sequences and packed rows) against the full logits, tied and untied; context parallelism (CP 2)
+against no CP, GSPO and DAPO; and
 TP=1 against an independent single-process computation (transformers), so that a bug every
 layout shares cannot pass.
 
@@ -55,6 +56,20 @@ METRICS = ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max
                                            ("tied/tp2", "tied_full/tp2"), ("tied/pp2", "tied_full/pp2")])
 def test_chunked_logprobs_from_hidden_states_equal_the_full_logits_path(results, chunked, full):
     a, b = results[chunked], results[full]
+    assert len(a["logp"]) == 8
+    assert _max_diff(a["logp"], b["logp"]) < ATOL
+    for key in METRICS:
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=ATOL), key
+    assert _max_diff(a["weights"], b["weights"]) < ATOL
+
+
+@pytest.mark.parametrize("cp, base", [("cp/cp2_packed", "gspo/tp1_dp2_packed"), ("cp/cp2_packed_full", "cp/cp2_packed"),
+                                      ("cp/cp2_packed_dapo", "dapo/tp1_dp2")])
+def test_context_parallel_steps_equal_the_unsplit_ones(results, cp, base):
+    """Each packed sequence in 4 chunks over 2 CP ranks (rank 0 holds chunks 0 and 3): the same
+    log-probs (reassembled by position), loss, metrics (tokens and sequences counted once, not per
+    CP rank), gradient norm and updated weights as without CP."""
+    a, b = results[cp], results[base]
     assert len(a["logp"]) == 8
     assert _max_diff(a["logp"], b["logp"]) < ATOL
     for key in METRICS:
