@@ -99,7 +99,7 @@ class Trainer:
         ids = list(range(len(samples)))
         if t.packing:
             dims = self.ctx.dims
-            align = 2 * dims.cp * (dims.tp if self.ctx.sequence_parallel else 1)
+            align = 1 if dims.cp == 1 else 2 * dims.cp * (dims.tp if self.ctx.sequence_parallel else 1)
             return [cp_shard(mb, dims.cp, self.ctx.cp_rank)
                     for mb in packed_microbatches(samples, ids, t.seq_len, align=align)]
         return padded_microbatches(samples, ids, t.micro_batch_size, t.seq_len)
