@@ -234,7 +234,7 @@ def fork_vllm_cpu_processes() -> bool:
     engine and passes them in the OpenMP environment (``OMP_PLACES`` or ``GOMP_CPU_AFFINITY``), which
     a forked worker's OpenMP runtime, already loaded, never reads; the worker binds itself to them
     and sizes its thread pool before its first parallel region (:func:`_bind_forked_worker`). Unbound,
-    the worker's threads ran on both cores and it served ~40 % fewer tokens per second.
+    the worker's threads ran on both cores and it served about half the tokens per second.
 
     Fork is safe here because neither parent runs an OpenMP parallel region before it forks (libgomp
     is not fork-safe after one). ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in the environment keeps

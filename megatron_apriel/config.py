@@ -32,7 +32,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.model.config import ModelConfig, OptimConfig
-from megatron_apriel.parallel.dims import ParallelConfig
+from megatron_apriel.parallel.dims import ParallelConfig, cp_alignment
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.sampling.domain_sampler import DOMAIN_MIX_PAPER
@@ -116,7 +116,7 @@ class RunConfig:
         if self.rollout.source == "local":
             raise ValueError(f"parallel.cp={cp}: rollout.source=local generates with the trainer's own model, which "
                              "CP splits; use rollout.source=fleet (or replay).")
-        align = 2 * cp * (self.parallel.tp if self.parallel.sequence_parallel else 1)
+        align = cp_alignment(cp, self.parallel.tp, self.parallel.sequence_parallel)
         if self.trainer.seq_len % align:
             sp = " x parallel.tp (sequence parallelism)" if self.parallel.sequence_parallel else ""
             raise ValueError(f"parallel.cp={cp} cuts every sequence into 2 x cp chunks{sp}: set trainer.seq_len to "

@@ -24,5 +24,3 @@ def cp_positions(cu_seqlens: torch.Tensor, cp: int, cp_rank: int) -> torch.Tenso
         parts += [torch.arange(a + cp_rank * c, a + (cp_rank + 1) * c),
                   torch.arange(a + (2 * cp - 1 - cp_rank) * c, a + (2 * cp - cp_rank) * c)]
     return torch.cat(parts)
-
-

@@ -8,6 +8,12 @@ from dataclasses import dataclass
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 
+def cp_alignment(cp: int, tp: int, sequence_parallel: bool) -> int:
+    """What every packed sequence's length must be a multiple of: 2 x cp chunks (each also split over
+    tp with sequence parallelism) under context parallelism; 1 without it."""
+    return 1 if cp == 1 else 2 * cp * (tp if sequence_parallel else 1)
+
+
 @dataclass(kw_only=True)
 class ParallelConfig:
     """How the trainer ranks are split. The data-parallel size is what is left of the world."""

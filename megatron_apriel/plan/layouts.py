@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.plan.activations import ActivationShape, head_bytes, stage_activation_bytes
 from megatron_apriel.plan.buffers import worst_rank_state
+from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.plan.params import StageShape
 from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS
 
@@ -84,8 +85,7 @@ def candidate_layouts(arch: ModelArch, gpus: int, gpus_per_node: int, sequence_p
             if arch.num_layers % pp:
                 continue
             for cp in CP_SIZES:
-                align = 2 * cp * (tp if sequence_parallel else 1)
-                if gpus % (tp * pp * cp) or (cp > 1 and seq_len % align):
+                if gpus % (tp * pp * cp) or seq_len % cp_alignment(cp, tp, sequence_parallel):
                     continue
                 dp = gpus // (tp * pp * cp)
                 eps = [e for e in range(1, arch.num_experts + 1)

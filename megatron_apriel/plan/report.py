@@ -7,8 +7,8 @@ GB_FMT = "{:6.1f}"
 
 def _row(lay: dict) -> str:
     act = lay["activations_gib"]
-    cells = [f"{lay['tp']:>3} {lay['cp']:>3} {lay['pp']:>3} {lay['dp']:>4} {lay['ep']:>3}"] + [GB_FMT.format(lay[k]) for k in
-                                                          ("weights_gib", "grads_gib", "optimizer_gib")]
+    cells = [f"{lay['tp']:>3} {lay['cp']:>3} {lay['pp']:>3} {lay['dp']:>4} {lay['ep']:>3}"]
+    cells += [GB_FMT.format(lay[k]) for k in ("weights_gib", "grads_gib", "optimizer_gib")]
     cells += [GB_FMT.format(act[r]) for r in ("none", "selective", "full")] + [GB_FMT.format(lay["logits_gib"])]
     cells += [GB_FMT.format(lay["total_gib"][r]) for r in ("none", "selective", "full")]
     return "  ".join(cells) + "  " + (",".join(lay["fits"]) or "-")

@@ -13,8 +13,7 @@ from megatron_apriel.model.routing import StageRouting, routing_metrics
 from megatron_apriel.parallel.collectives import any_rank, sum_over_world
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
-from megatron_apriel.trainer.config import LossConfig
-from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS
+from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS, LossConfig
 from megatron_apriel.trainer.logprobs import chunked_head_logprobs, vocab_parallel_logprobs
 from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
 

@@ -19,6 +19,7 @@ from megatron_apriel.metrics import MetricLogger
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
+from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
@@ -99,7 +100,7 @@ class Trainer:
         ids = list(range(len(samples)))
         if t.packing:
             dims = self.ctx.dims
-            align = 1 if dims.cp == 1 else 2 * dims.cp * (dims.tp if self.ctx.sequence_parallel else 1)
+            align = cp_alignment(dims.cp, dims.tp, self.ctx.sequence_parallel)
             return [cp_shard(mb, dims.cp, self.ctx.cp_rank)
                     for mb in packed_microbatches(samples, ids, t.seq_len, align=align)]
         return padded_microbatches(samples, ids, t.micro_batch_size, t.seq_len)

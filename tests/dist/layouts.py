@@ -16,6 +16,7 @@ from megatron_apriel.model.state import gather_full_state_dict, load_full_state_
 from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 from megatron_apriel.parallel.context import cp_positions
+from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.trainer.batch import (TrainSample, cp_shard, packed_microbatches, padded_microbatches,
                                            split_for_data_parallel)
 from megatron_apriel.trainer.config import LossConfig
@@ -62,7 +63,7 @@ def run_layout(tp, pp, packed, loss_cfg, sp=False, chunk=CHUNK, arch=ARCH, cp=1)
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(), ctx.dims.dp, ctx.dp_rank)
     if packed:
-        align = 2 * cp * (tp if sp else 1)
+        align = cp_alignment(cp, tp, sp)
         mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(mine, ids, SEQ_LEN, align=align)]
     else:
         mbs = padded_microbatches(mine, ids, 3, SEQ_LEN)

@@ -21,6 +21,7 @@ from megatron_apriel.model.state import gather_full_state_dict, load_full_state_
 from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
 from megatron_apriel.parallel.context import cp_positions
+from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.trainer.batch import (TrainSample, cp_shard, packed_microbatches, padded_microbatches,
                                            split_for_data_parallel)
 from megatron_apriel.trainer.config import LossConfig
@@ -87,7 +88,7 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     mine, ids = split_for_data_parallel(samples(arch), ctx.dims.dp, ctx.dp_rank)
     if packed:
-        align = 2 * cp * tp
+        align = cp_alignment(cp, tp, tp > 1)
         mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(mine, ids, SEQ_LEN, align=align)]
     else:
         mbs = padded_microbatches(mine, ids, 2, SEQ_LEN)

@@ -82,4 +82,5 @@ def test_the_chunked_head_saves_what_the_estimate_says_it_saves(ctx, name):
     measured = _saved_bytes(model, ctx, arch, tokens, 0) - _saved_bytes(model, ctx, arch, tokens, 16)
     shape = ActivationShape(tokens=tokens, dtype_bytes=4, kernels="local")
     estimate = head_bytes(arch, shape)["kept"] - head_bytes(arch, replace(shape, logprob_chunk_tokens=16))["kept"]
-    assert measured > 0 and abs(estimate - measured) <= 0.2 * measured, f"estimate {estimate:.0f} B, measured {measured} B"
+    assert measured > 0 and abs(estimate - measured) <= 0.2 * measured, \
+        f"estimate {estimate:.0f} B, measured {measured} B"

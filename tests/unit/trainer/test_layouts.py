@@ -34,20 +34,23 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+METRICS = ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/clip_fraction",
+           "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered")
+
+
+def assert_same_step(a: dict, b: dict) -> None:
+    """Two runs of the same step: every sample's log-probs, the step's metrics and the updated weights."""
+    assert len(a["logp"]) == 8
+    assert _max_diff(a["logp"], b["logp"]) < ATOL
+    for key in METRICS:
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=ATOL), key
+    assert _max_diff(a["weights"], b["weights"]) < ATOL
+
+
 @pytest.mark.parametrize("name", ["gspo/tp2", "gspo/pp2", "gspo/tp1_dp2_packed", "gspo/tp2_packed", "gspo/pp2_packed",
                                   "gspo/tp2_sp", "gspo/tp2_sp_packed"])
 def test_logprobs_loss_and_step_agree_across_layouts(results, name):
-    base, other = results["gspo/tp1_dp2"], results[name]
-    assert len(base["logp"]) == 8
-    assert _max_diff(base["logp"], other["logp"]) < ATOL
-    for key in ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/clip_fraction",
-                "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered"):
-        assert other["metrics"][key] == pytest.approx(base["metrics"][key], abs=ATOL), key
-    assert _max_diff(base["weights"], other["weights"]) < ATOL
-
-
-METRICS = ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max", "train/clip_fraction",
-           "train/entropy", "train/grad_norm", "train/tokens", "train/seqs_filtered")
+    assert_same_step(results[name], results["gspo/tp1_dp2"])
 
 
 @pytest.mark.parametrize("chunked, full", [("gspo/tp1_dp2", "full/tp1_dp2"), ("gspo/tp2_packed", "full/tp2_packed"),
@@ -55,12 +58,7 @@ METRICS = ("train/loss", "train/ratio_mean", "train/ratio_min", "train/ratio_max
                                            ("tied/tp1_dp2_packed", "tied_full/tp1_dp2_packed"),
                                            ("tied/tp2", "tied_full/tp2"), ("tied/pp2", "tied_full/pp2")])
 def test_chunked_logprobs_from_hidden_states_equal_the_full_logits_path(results, chunked, full):
-    a, b = results[chunked], results[full]
-    assert len(a["logp"]) == 8
-    assert _max_diff(a["logp"], b["logp"]) < ATOL
-    for key in METRICS:
-        assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=ATOL), key
-    assert _max_diff(a["weights"], b["weights"]) < ATOL
+    assert_same_step(results[chunked], results[full])
 
 
 @pytest.mark.parametrize("cp, base", [("cp/cp2_packed", "gspo/tp1_dp2_packed"), ("cp/cp2_packed_full", "cp/cp2_packed"),
@@ -69,12 +67,7 @@ def test_context_parallel_steps_equal_the_unsplit_ones(results, cp, base):
     """Each packed sequence in 4 chunks over 2 CP ranks (rank 0 holds chunks 0 and 3): the same
     log-probs (reassembled by position), loss, metrics (tokens and sequences counted once, not per
     CP rank), gradient norm and updated weights as without CP."""
-    a, b = results[cp], results[base]
-    assert len(a["logp"]) == 8
-    assert _max_diff(a["logp"], b["logp"]) < ATOL
-    for key in METRICS:
-        assert a["metrics"][key] == pytest.approx(b["metrics"][key], abs=ATOL), key
-    assert _max_diff(a["weights"], b["weights"]) < ATOL
+    assert_same_step(results[cp], results[base])
 
 
 def test_tied_layouts_agree(results):
