@@ -14,6 +14,7 @@ setup(
         # 0.16.1 is the newest release for Python 3.11 (CI); clusters on 3.12 run 0.19.x.
         "megatron-core>=0.16.1,<0.20",
         "hydra-core>=1.3,<1.4",
+        "pyyaml>=6",  # apriel-plan reads a preset's defaults list (already required by omegaconf)
         "numpy",
         "safetensors>=0.4",
         "transformers>=4.45",
