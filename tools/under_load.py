@@ -1,8 +1,12 @@
 """Run test modules several times in a row while busy processes load the CPU (issue 22: tests must
 hold on a busy CI machine). Stops at the first failing pass; prints each module's time per pass and
 any process of ours a pass left running (run it alone: it cannot tell them from another job's).
+Before each pass it times a fixed CPU workload (the machine's own speed, which nothing of ours
+changes) and measures what earlier passes left on disk and in memory (temp folders, caches, shared
+memory, the page cache): if a pass is slower, this tells a slower machine from our leftovers.
 
     python tools/under_load.py --passes 3 --busy 2 -- tests/vllm tests/slurm
+    python tools/under_load.py --passes 3 --busy 0 -- tests/vllm/test_loop_e2e.py   # pass-to-pass drift
 
 Everything after ``--`` goes to pytest (run with CI=true, as .ci/run does). Each pass's full
 pytest output is kept in OUT/pass_N.log (``--out``, default runs/under_load).
@@ -33,6 +37,48 @@ def module_seconds(pytest_output: str) -> dict[str, float]:
     return dict(out)
 
 
+LEFT_BEHIND = ("/tmp/pytest-of-{user}", "/tmp/torchinductor_{user}", "~/.cache/vllm", "~/.cache/huggingface",
+               "/dev/shm", "/var/spool/slurmctld", "/tmp")
+
+
+def calibrate(repeats: int = 5) -> float:
+    """Median seconds of a fixed CPU workload (pure Python and a float32 matmul loop, one core)."""
+    code = ("import time, torch; torch.set_num_threads(1); a = torch.ones(256, 256); t = time.perf_counter()\n"
+            "s = sum(i * i for i in range(8_000_000))\n"
+            "for _ in range(1000): a = (a @ a).clamp_(0, 1)\n"
+            "print(time.perf_counter() - t)")
+    runs = sorted(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout) for _ in range(repeats))
+    return runs[len(runs) // 2]
+
+
+def tree_size(path: Path) -> tuple[int, int]:
+    """(bytes, files) under ``path``; (0, 0) when it is missing."""
+    total = count = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+                count += 1
+            except FileNotFoundError:
+                continue  # removed while we walked
+    return total, count
+
+
+def left_behind() -> dict[str, str]:
+    """Sizes of the places a test run writes to and never cleans up itself, and the memory state."""
+    user = os.environ.get("USER") or psutil.Process().username()
+    out = {}
+    for pattern in LEFT_BEHIND:
+        path = Path(os.path.expanduser(pattern.format(user=user)))
+        size, files = tree_size(path)
+        out[str(path)] = f"{size / 2**20:9.1f} MiB {files:7d} files"
+    mem = psutil.virtual_memory()
+    out["memory"] = f"available {mem.available / 2**30:.1f} GiB, cached {getattr(mem, 'cached', 0) / 2**30:.1f} GiB"
+    out["processes"] = str(len(psutil.pids()))
+    return out
+
+
 def ours() -> dict[int, str]:
     """Our processes now (vLLM, our package and commands), by pid."""
     found = {}
@@ -55,6 +101,10 @@ def main() -> int:
     env = {**os.environ, "CI": "true"}
     try:
         for n in range(1, args.passes + 1):
+            speed = calibrate()
+            print(f"pass {n}: the fixed CPU workload took {speed:.3f}s; before the pass:")
+            for where, what in left_behind().items():
+                print(f"  {where:40s} {what}")
             before, t0 = ours(), time.monotonic()  # what ran already is not this pass's
             proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--durations=0", "-p", "no:cacheprovider",
                                    *args.pytest_args], capture_output=True, text=True, env=env)

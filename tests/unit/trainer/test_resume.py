@@ -34,13 +34,25 @@ def checkpoint_tensors(run_dir: Path, step: int, tmp: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
+def preempted_copy(straight: Path, resumed: Path, step: int) -> None:
+    """``resumed``: ``straight`` as a run preempted right after saving ``step`` would have left it
+    (every later checkpoint gone, ``latest`` naming ``step``). The same run directory, not a second
+    launch: the resumed launch reads what the uninterrupted one wrote."""
+    shutil.copytree(straight, resumed)
+    ckpts = resumed / "checkpoints"
+    for later in ckpts.glob("step_*"):
+        if int(later.name.split("_")[1]) > step:
+            shutil.rmtree(later)
+    (ckpts / "latest").write_text(f"step_{step:08d}")
+    assert sorted(p.name for p in ckpts.glob("step_*")) == [f"step_{step:08d}"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     straight, resumed = root / "straight", root / "resumed"
-    train(straight, 4)
-    train(resumed, 2)  # "preempted" after step 2 (same LR schedule: decay over 4 steps)
-    assert sorted(p.name for p in (resumed / "checkpoints").glob("step_*")) == ["step_00000002"]
+    train(straight, 4)  # saves steps 2 and 4 (LR decay over 4 steps, fixed)
+    preempted_copy(straight, resumed, 2)
     train(resumed, 4)  # picks up step_00000002 by itself
     return root, straight, resumed
 
@@ -128,7 +140,7 @@ def moe_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume_moe")
     straight, resumed = root / "straight", root / "resumed"
     train(straight, 4, *MOE)
-    train(resumed, 2, *MOE)
+    preempted_copy(straight, resumed, 2)
     train(resumed, 4, *MOE)
     return root, straight, resumed
 
