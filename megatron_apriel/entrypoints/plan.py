@@ -113,7 +113,8 @@ def make_plan(args) -> dict:
     layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)
     best = recommend(layouts)
     fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
-                       gpu_memory_gib=args.gpu_memory_gb, memory_utilization=run.fleet.server_args.gpu_memory_utilization,
+                       gpu_memory_gib=args.gpu_memory_gb,
+                       memory_utilization=run.fleet.server_args.gpu_memory_utilization,
                        seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
     pp, ep = (best[0].pp, best[0].ep) if best else (1, 1)
     update = stage_update_bytes(arch, pp, ep)

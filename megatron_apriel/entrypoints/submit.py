@@ -32,11 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config-name", required=True, help="preset, as for apriel-train (e.g. apriel_15b)")
     p.add_argument("--config-dir", default=None, help="a directory of your own presets (Hydra's --config-dir)")
     p.add_argument("--dry-run", action="store_true", help="check and write the script, do not submit")
-    p.add_argument("--template", default=None, help="the job script to render (default: the shipped slurm/train.sbatch)")
+    p.add_argument("--template", default=None,
+                   help="the job script to render (default: the shipped slurm/train.sbatch)")
     return p
 
 
-def problems(run, layout, query: checks.Query, mounts_text: str, env: dict, cluster: bool) -> tuple[list[str], list[str]]:
+def problems(run, layout, query: checks.Query, mounts_text: str, env: dict,
+             cluster: bool) -> tuple[list[str], list[str]]:
     """(problems, notes) of every check that needs more than the config."""
     s = run.slurm
     roots = checks.shared_roots(s.shared_roots, env)

@@ -47,8 +47,8 @@ def _stream_source(run: RunConfig, ctx, parts):
 
 
 def _replay_source(run: RunConfig, ctx, parts):
-    from megatron_apriel.trainer.source import StreamSource
     from megatron_apriel.rollout.stream import list_segments
+    from megatron_apriel.trainer.source import StreamSource
 
     if not list_segments(Path(run.rollout.replay_from)):
         raise ValueError(f"rollout.replay_from={run.rollout.replay_from} holds no rollout segments: give an earlier "

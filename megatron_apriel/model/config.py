@@ -75,7 +75,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
-            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, got {self.transformer_impl!r}.")
+            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, "
+                             f"got {self.transformer_impl!r}.")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"model.precision must be auto, fp32 or bf16, got {self.precision!r}.")
         if self.fp8 is not None and self.fp8 not in FP8_FORMATS:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 
 

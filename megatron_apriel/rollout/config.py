@@ -60,7 +60,8 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         if min(self.max_in_flight, self.max_queued_steps, self.verifier_workers, self.max_prompt_tokens) < 1:
-            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens must be >= 1.")
+            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens "
+                             "must be >= 1.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"actor.top_p={self.top_p} must be in (0, 1].")
         if min(self.flush_interval_s, self.poll_s, self.metrics_every_s) <= 0:

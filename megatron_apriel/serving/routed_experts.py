@@ -176,8 +176,9 @@ def _merge(parts: list[dict]) -> dict[int, np.ndarray]:
 def patch_async_llm() -> None:
     """In the API server process: finished outputs of ``AsyncLLM.generate`` get ``routed_experts``
     from the workers' capture (see the module docstring). Version-checked in ``_patches``."""
-    from megatron_apriel._patches import check_vllm_version
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from megatron_apriel._patches import check_vllm_version
 
     check_vllm_version()
     if getattr(AsyncLLM.generate, "_apriel_routed_experts", False):

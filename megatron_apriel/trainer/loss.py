@@ -95,7 +95,8 @@ def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
         obj_S, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     else:  # gspo_token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], averaged over the sequence's tokens
         log_s_N = inp.logp_N - inp.logp_N.detach() + log_s_S.detach()[inp.seq_N.clamp(0, n_seq - 1)]
-        obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low, cfg.eps_high)
+        obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low,
+                                      cfg.eps_high)
         obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)
         s_S = log_s_S.detach().exp()
         _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)

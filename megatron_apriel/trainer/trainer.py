@@ -21,12 +21,18 @@ from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, cp_shard, packed_microbatches, padded_microbatches
-from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
-                                               save_checkpoint, step_dir)
+from megatron_apriel.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_hf_weights,
+    load_model_weights,
+    save_checkpoint,
+    step_dir,
+)
+from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.trainer.step import NonFiniteError, train_step
 
 log = logging.getLogger("megatron_apriel")

@@ -71,7 +71,8 @@ def text_params(c):
 
 
 REPO = Path(__file__).resolve().parents[3]
-FIVE_DOMAINS = [REPO / "examples" / "data" / f"{d}.jsonl" for d in ("math", "code", "logic", "ifeval", "function_calling")]
+FIVE_DOMAINS = [REPO / "examples" / "data" / f"{d}.jsonl"
+                for d in ("math", "code", "logic", "ifeval", "function_calling")]
 
 
 def apriel_model(tmp_path) -> Path:
