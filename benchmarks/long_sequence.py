@@ -107,10 +107,11 @@ mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(samples, [0, 
 loss = LossConfig()
 def kb(field):
     return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
-train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)  # warm-up
+step = dict(optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=loss, vocab_size=arch.vocab_size)
+train_step(chunks, mbs, **step)  # warm-up
 open("/proc/self/clear_refs", "w").write("5")
 before, began = kb("VmRSS:"), time.perf_counter()
-metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)
+metrics = train_step(chunks, mbs, **step)
 seconds = time.perf_counter() - began
 with open(f"{out}.{ctx.rank}", "w") as f:
     json.dump({"seconds": seconds, "extra_mib": (kb("VmHWM:") - before) / 1024,

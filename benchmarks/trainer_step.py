@@ -132,7 +132,8 @@ def worker_ours(a):
     optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-5, warmup_steps=0), ctx, total_steps=100)
     mine, ids = split_for_data_parallel(_samples(a), ctx.dims.dp, ctx.dp_rank)
     mbs = packed_microbatches(mine, ids, a.seq_len)
-    return _timed(lambda: train_step(chunks, optimizer, scheduler, mbs, ctx, LossConfig(), a.vocab, routing), a.steps)
+    return _timed(lambda: train_step(chunks, mbs, optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=LossConfig(),
+                                      vocab_size=a.vocab, routing=routing), a.steps)
 
 
 def _run_worker(a, kind, nproc, tp=1, pp=1, port=29561, ep=1):

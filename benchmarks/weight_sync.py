@@ -237,8 +237,8 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     ctx = init_parallel(ParallelConfig())
     arch = ModelArch.from_hf_dir(model_dir)
     model = build_model(ModelConfig(hf_path=model_dir), ctx)
-    sender = WeightSender(WeightSyncConfig(advertise_host="127.0.0.1", base_port=free_port()), [url],
-                          model, ctx, arch.vocab_size, table_to_hf(arch))
+    sender = WeightSender(WeightSyncConfig(advertise_host="127.0.0.1", base_port=free_port()), members=[url],
+                          model=model, ctx=ctx, vocab_size=arch.vocab_size, to_hf=table_to_hf(arch))
     sender.ensure_connected()
     reports, completions = [], []
 

@@ -72,8 +72,10 @@ def run(ctx, precision: str) -> dict:
     data = samples()
     mbs = packed_microbatches(data, list(range(len(data))), 256)
     logp = torch.cat([lp[mb.loss_mask]
-                      for mb, lp in zip(mbs, forward_logprobs(chunks, mbs, ctx, ARCH.vocab_size, 1.0))])
-    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, LOSS, ARCH.vocab_size)
+                      for mb, lp in zip(mbs, forward_logprobs(chunks, mbs, ctx=ctx, vocab_size=ARCH.vocab_size,
+                                                                       temperature=1.0))])
+    metrics = train_step(chunks, mbs, optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=LOSS,
+                         vocab_size=ARCH.vocab_size)
     weights = {k: v.float() for k, v in gather_full_state_dict(model, ctx, ARCH.vocab_size).items()}
     return {"logp": logp.float().cpu(), "loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"],
             "weights": weights}

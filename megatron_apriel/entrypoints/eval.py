@@ -29,6 +29,7 @@ from pathlib import Path
 
 from megatron_apriel.eval.benchmarks import FORMATS, BenchmarkSpec, FormatOptions
 from megatron_apriel.eval.runner import EVAL_SAMPLING
+from megatron_apriel.refusals import refuse
 
 PROG = "apriel-eval"
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = ""
         if args.command == "run" and (args.out / "samples").is_dir():
             kept = f"\n{PROG} run: the samples written so far are kept in {args.out / 'samples'}; rerun to continue."
-        parser.exit(2, f"{PROG} {args.command}: error: {err}{kept}\n")
+        refuse(f"{PROG} {args.command}", err, kept)
 
 
 def _run(args: argparse.Namespace) -> int:

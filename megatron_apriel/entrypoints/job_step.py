@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from megatron_apriel.config import compose_run
+from megatron_apriel.refusals import REFUSALS, refuse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         run, _ = compose_run(args.config_name, overrides, args.config_dir)
         code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run),
                 "export": lambda: export(run)}[args.step]()
-    except (ValueError, FileNotFoundError) as err:
-        print(f"job_step {args.step}: error: {err}", file=sys.stderr)
-        return 2
+    except REFUSALS as err:
+        refuse(f"job_step {args.step}", err)
     return code or 0
 
 

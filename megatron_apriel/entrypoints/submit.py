@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from megatron_apriel.refusals import REFUSALS, refuse
 from megatron_apriel.slurm import checks
 
 
@@ -88,9 +89,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = render(template.read_text(), run, layout, args.config_name, overrides, args.config_dir)
         found, notes = problems(run, layout, checks.run_query, Path("/proc/mounts").read_text(), dict(os.environ),
                                 cluster=not args.dry_run)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"apriel-submit: error: {err}", file=sys.stderr)
-        return 2
+    except REFUSALS as err:
+        refuse("apriel-submit", err)
     if found:
         print("apriel-submit: not submitted:\n" + "\n".join(f"  - {m}" for m in found), file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from megatron_apriel.choices import RolloutSource, check_choice, choices
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.verifiers.config import VerifiersConfig
 
@@ -162,7 +163,7 @@ class FleetConfig:
         return ServerArgs(tuple(self.vllm_args))
 
 
-SOURCES = ("local", "fleet", "replay")
+SOURCES = choices(RolloutSource)
 
 
 @dataclass(kw_only=True)
@@ -202,8 +203,7 @@ class RolloutConfig:
     local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {SOURCES}.")
+        check_choice("rollout.source", self.source, RolloutSource)
         if self.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 (advantages compare a group's rollouts).")
         if self.groups_per_step < 1:

@@ -98,7 +98,7 @@ def _zero_padding(node) -> None:
             _zero_padding(item)
 
 
-def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,
+def save_checkpoint(root: Path, step: int, *, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,
                     arch: ModelArch, keep_last: int = 0) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint directory."""
     from megatron.core import dist_checkpointing
@@ -199,7 +199,7 @@ def _restore_adam_step(optimizer, loaded: dict) -> None:
 
 
 @torch.no_grad()  # in fp32 the optimizer's main params are views of the (grad-requiring) weights
-def load_checkpoint(path: Path, chunks, optimizer, scheduler, ctx: ParallelContext) -> dict:
+def load_checkpoint(path: Path, *, chunks, optimizer, scheduler, ctx: ParallelContext) -> dict:
     """Collective. Restores model, optimizer, scheduler and (same world size) RNG; returns state.json."""
     from megatron.core import dist_checkpointing
 

@@ -124,6 +124,10 @@ def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
     return loss_sum, count, stats
 
 
+METRIC_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max", "drift_abs_max": "max"}
+"""How the loss's raw metrics combine over micro-batches and ranks: these as named, the rest summed."""
+
+
 def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
     ratio, zero = stats["ratio"], inp.logp_N.new_zeros(())
     tok = inp.mask_N
