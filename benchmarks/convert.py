@@ -119,7 +119,8 @@ def safetensors_copy(src: Path, dst: Path, shard_bytes: int) -> float:
             for k in h.keys():
                 t = h.get_tensor(k)
                 if pending and size + t.numel() * t.element_size() > shard_bytes:
-                    save_file(pending, dst / f"{n}.safetensors"); pending, size, n = {}, 0, n + 1
+                    save_file(pending, dst / f"{n}.safetensors")
+                    pending, size, n = {}, 0, n + 1
                 pending[k] = t
                 size += t.numel() * t.element_size()
     save_file(pending, dst / f"{n}.safetensors")
@@ -131,7 +132,7 @@ def run_probe(args: list[str]) -> dict:
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
     if proc.returncode:
         raise RuntimeError(proc.stderr[-4000:])
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 

@@ -4,8 +4,9 @@
 
 Groups of G rollouts run concurrently (a fixed number of slots, like the actor's in-flight limit).
 Each finished rollout is one completion; when a group's last rollout finishes, its slot starts a new
-group in the domain that the sampler picks. Static sampling uses the target weights; adaptive sampling is AdaptiveDomainSampler, with its default
-low-discrepancy draws and with i.i.d. draws (the authors' code).
+group in the domain that the sampler picks. Static sampling uses the target weights; adaptive
+sampling is AdaptiveDomainSampler, with its default low-discrepancy draws and with i.i.d. draws
+(the authors' code).
 Prints the realised share of completed rollouts per domain after `--rollouts` completions, and
 writes a plot of realised share vs simulated time.
 """

@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 CASES = [(4096, 32768), (8192, 32768), (16384, 32768)]
@@ -60,7 +59,8 @@ else:
     del logits
 (logp * scale).sum().backward()
 seconds = time.perf_counter() - began
-print(json.dumps({"extra_mib": (kb("VmHWM:") - before) / 1024, "seconds": seconds, "logp_sum": float(logp.detach().sum())}))
+print(json.dumps({"extra_mib": (kb("VmHWM:") - before) / 1024, "seconds": seconds,
+                  "logp_sum": float(logp.detach().sum())}))
 """
 
 
@@ -69,13 +69,15 @@ def run_case(tokens: int, vocab: int, hidden: int, chunk: int, tp: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         init = str(Path(tmp) / "rendezvous")
         env = dict(os.environ, OMP_NUM_THREADS="1" if tp > 1 else "2")
-        procs = [subprocess.Popen([sys.executable, "-c", _RANK, json.dumps([tokens, vocab, hidden, chunk, tp, r, init])],
+        procs = [subprocess.Popen([sys.executable, "-c", _RANK,
+                                   json.dumps([tokens, vocab, hidden, chunk, tp, r, init])],
                                   stdout=subprocess.PIPE, text=True, env=env) for r in range(tp)]
         outs = []
         for p in procs:
             out, _ = p.communicate()
             if p.returncode:
-                raise SystemExit(f"a rank failed (exit {p.returncode}) at T={tokens}, V={vocab}, chunk={chunk}, tp={tp}")
+                raise SystemExit(f"a rank failed (exit {p.returncode}) at T={tokens}, V={vocab}, chunk={chunk}, "
+                                 f"tp={tp}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
     return {"extra_mib": max(o["extra_mib"] for o in outs), "seconds": max(o["seconds"] for o in outs),
             "logp_sum": outs[0]["logp_sum"]}
@@ -105,10 +107,11 @@ mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(samples, [0, 
 loss = LossConfig()
 def kb(field):
     return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
-train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)  # warm-up
+step = dict(optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=loss, vocab_size=arch.vocab_size)
+train_step(chunks, mbs, **step)  # warm-up
 open("/proc/self/clear_refs", "w").write("5")
 before, began = kb("VmRSS:"), time.perf_counter()
-metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, loss, arch.vocab_size)
+metrics = train_step(chunks, mbs, **step)
 seconds = time.perf_counter() - began
 with open(f"{out}.{ctx.rank}", "w") as f:
     json.dump({"seconds": seconds, "extra_mib": (kb("VmHWM:") - before) / 1024,
@@ -150,14 +153,16 @@ def main() -> None:
     if args.cp_step:
         cp_step(args.cp_tokens)
         return
-    print(f"{'T':>6} {'V':>7} {'tp':>3} | {'full MiB':>9} {'chunked MiB':>11} {'ratio':>6} | {'full s':>7} {'chunked s':>9}")
+    print(f"{'T':>6} {'V':>7} {'tp':>3} | {'full MiB':>9} {'chunked MiB':>11} {'ratio':>6} | "
+          f"{'full s':>7} {'chunked s':>9}")
     for tp in (1, 2):
         for tokens, vocab in CASES:
             full = run_case(tokens, vocab, args.hidden, 0, tp)
             chunked = run_case(tokens, vocab, args.hidden, args.chunk, tp)
             same = abs(full["logp_sum"] - chunked["logp_sum"]) <= 1e-4 * abs(full["logp_sum"])
             print(f"{tokens:>6} {vocab:>7} {tp:>3} | {full['extra_mib']:>9.0f} {chunked['extra_mib']:>11.0f} "
-                  f"{chunked['extra_mib'] / full['extra_mib']:>6.3f} | {full['seconds']:>7.2f} {chunked['seconds']:>9.2f}"
+                  f"{chunked['extra_mib'] / full['extra_mib']:>6.3f} | {full['seconds']:>7.2f} "
+                  f"{chunked['seconds']:>9.2f}"
                   + ("" if same else "  (log-prob sums differ!)"), flush=True)
     if not args.skip_big:
         tokens, vocab = BIG

@@ -79,7 +79,8 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
                           poll_s=0.001)
         rollout = RolloutConfig(group_size=group_size, groups_per_step=16, max_lag=None)
         actor = Actor(cfg=cfg, rollout=rollout, rewards=RewardConfig(max_len=64, buffer=16),
-                      sampling=SamplingConfig(max_tokens=64), client=FleetClient(["http://fake"], transport=fleet.transport()),
+                      sampling=SamplingConfig(max_tokens=64),
+                      client=FleetClient(["http://fake"], transport=fleet.transport()),
                       sampler=cfg.sampler.build(), order=DomainOrder(ProblemPools(addition_problems(9)), seed=0),
                       tokenizer=ByteTokenizer(), stream=StreamWriter(root), verify=instant_verify)
         reader = StreamReader(root)

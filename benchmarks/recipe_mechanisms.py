@@ -192,9 +192,9 @@ def print_dap(name: str, r: dict) -> None:
     print(f"\nlength penalty {name}: reward identity exact on {i['equal']} of {i['checked']} correct rollouts")
     print(f"{'difficulty':10} {'length first10 -> last10':>25} {'p90':>12} {'success':>14}")
     for level, series in r["by_difficulty"].items():
-        f, l = (lambda k: report.window(series, k, True)), (lambda k: report.window(series, k, False))
-        print(f"{level:10} {f('length'):11.1f} -> {l('length'):5.1f} {f('p90'):5.1f} -> {l('p90'):4.1f} "
-              f"{f('success'):6.2f} -> {l('success'):4.2f}")
+        first, last = (lambda k: report.window(series, k, True)), (lambda k: report.window(series, k, False))
+        print(f"{level:10} {first('length'):11.1f} -> {last('length'):5.1f} {first('p90'):5.1f} -> "
+              f"{last('p90'):4.1f} {first('success'):6.2f} -> {last('success'):4.2f}")
 
 
 def print_budget(rows: dict) -> None:

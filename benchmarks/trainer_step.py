@@ -1,7 +1,8 @@
 """Tokens/s of one GSPO optimizer step (TP=1, TP=2, PP=2, DP=2) vs a plain forward/backward.
 
     python benchmarks/trainer_step.py [--hidden 256 --layers 4 --seqs 32 --seq-len 256 --steps 5]
-    python benchmarks/trainer_step.py --moe     # a mixture of experts: EP 2 vs EP 1, and the actor's cost of routed experts
+    python benchmarks/trainer_step.py --moe     # a mixture of experts: EP 2 vs EP 1, and the actor's
+                                                # cost of routed experts
 
 With ``--moe`` the model is a Qwen3-MoE of the same hidden size (8 experts of width 2 x hidden,
 top-2: the dense model's active width), the samples carry routed experts and the step replays
@@ -131,7 +132,8 @@ def worker_ours(a):
     optimizer, scheduler = build_optimizer(chunks, OptimConfig(lr=1e-5, warmup_steps=0), ctx, total_steps=100)
     mine, ids = split_for_data_parallel(_samples(a), ctx.dims.dp, ctx.dp_rank)
     mbs = packed_microbatches(mine, ids, a.seq_len)
-    return _timed(lambda: train_step(chunks, optimizer, scheduler, mbs, ctx, LossConfig(), a.vocab, routing), a.steps)
+    return _timed(lambda: train_step(chunks, mbs, optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=LossConfig(),
+                                      vocab_size=a.vocab, routing=routing), a.steps)
 
 
 def _run_worker(a, kind, nproc, tp=1, pp=1, port=29561, ep=1):
@@ -182,8 +184,9 @@ def moe_main(a) -> None:
 
     plain = actor_overhead()
     routed = actor_overhead(routed_experts=(48, 8, 128))
-    print(f"actor: {plain['ms_per_rollout']:.3f} ms per rollout; with Qwen3-30B-A3B's routed experts (48 layers x top-8 "
-          f"of 128) in every answer and record {routed['ms_per_rollout']:.3f} ms (+{routed['ms_per_rollout'] - plain['ms_per_rollout']:.3f}"
+    print(f"actor: {plain['ms_per_rollout']:.3f} ms per rollout; with Qwen3-30B-A3B's routed experts "
+          f"(48 layers x top-8 of 128) in every answer and record {routed['ms_per_rollout']:.3f} ms "
+          f"(+{routed['ms_per_rollout'] - plain['ms_per_rollout']:.3f}"
           f" ms; target < 1 ms; the fake fleet's own {routed['fleet_ms_per_rollout']:.3f} ms left out)")
 
 

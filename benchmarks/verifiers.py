@@ -27,13 +27,17 @@ def fc_answer(p):
     return f"<tool_calls>{json.dumps(calls)}</tool_calls>"
 
 
+def logic_answer(p):
+    return p.reference["entry"]["answer"] if "entry" in p.reference else p.reference["answer"]
+
+
 def cases():
     wrap = "Here are my reasoning steps:\n...\n[BEGIN FINAL RESPONSE]\n{}\n[END FINAL RESPONSE]".format
     out = {
         "math": [(p, wrap(rf"\boxed{{{p.reference}}}")) for p in load_problems(DATA / "math.jsonl")],
-        "logic": [(p, wrap(rf"\boxed{{{p.reference['entry']['answer'] if 'entry' in p.reference else p.reference['answer']}}}"))
-                  for p in load_problems(DATA / "logic.jsonl")],
-        "ifeval": [(p, wrap("a short answer in lowercase without commas")) for p in load_problems(DATA / "ifeval.jsonl")],
+        "logic": [(p, wrap(rf"\boxed{{{logic_answer(p)}}}")) for p in load_problems(DATA / "logic.jsonl")],
+        "ifeval": [(p, wrap("a short answer in lowercase without commas"))
+                   for p in load_problems(DATA / "ifeval.jsonl")],
         "function_calling": [(p, wrap(fc_answer(p))) for p in load_problems(DATA / "function_calling.jsonl")],
     }
     add = next(p for p in load_problems(DATA / "code.jsonl") if p.id == "code-00")

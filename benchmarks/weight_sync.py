@@ -47,7 +47,8 @@ def llama_like(hidden: int, ffn: int, layers: int, vocab: int, kv_ratio: int = 2
         p = f"model.layers.{i}."
         shapes += [(p + "input_layernorm.weight", (hidden,)), (p + "self_attn.q_proj.weight", (hidden, hidden)),
                    (p + "self_attn.k_proj.weight", (kv, hidden)), (p + "self_attn.v_proj.weight", (kv, hidden)),
-                   (p + "self_attn.o_proj.weight", (hidden, hidden)), (p + "post_attention_layernorm.weight", (hidden,)),
+                   (p + "self_attn.o_proj.weight", (hidden, hidden)),
+                   (p + "post_attention_layernorm.weight", (hidden,)),
                    (p + "mlp.gate_proj.weight", (ffn, hidden)), (p + "mlp.up_proj.weight", (ffn, hidden)),
                    (p + "mlp.down_proj.weight", (hidden, ffn))]
     return shapes + [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
@@ -66,7 +67,7 @@ def _variants(group, rank: int, shapes, tensors, layouts, algo: str, breakdown: 
     """Each variant moves the same bytes from rank 0 to rank 1; all buffers are allocated once and
     reused (as the GPU caching allocator would), so no variant pays page faults the others skip.
     Every sender-side buffer holds real data: a never-written buffer reads the kernel's zero page."""
-    total = sum(l.nbytes for l in layouts)
+    total = sum(layout.nbytes for layout in layouts)
     flat = torch.randint(0, 256, (total,), dtype=torch.uint8)
     buffers, checker, staging = DoubleBuffer(torch.device("cpu")), ThreadPoolExecutor(1), {}
     recv = [torch.zeros(s) for _, s in shapes] if rank == 1 else [t for _, t in tensors]
@@ -96,7 +97,7 @@ def _variants(group, rank: int, shapes, tensors, layouts, algo: str, breakdown: 
                 "checksum_pass": checksum_pass}
     if breakdown:
         ready = [_ready_bytes(layout, tensors) for layout in layouts] if rank == 0 else \
-            [torch.empty(l.nbytes, dtype=torch.uint8) for l in layouts]
+            [torch.empty(layout.nbytes, dtype=torch.uint8) for layout in layouts]
 
         def wire_only():  # ours' broadcasts, bytes ready: what bucket boundaries cost on the wire
             inflight = []
@@ -136,11 +137,11 @@ def _worker(rank: int, port: int, shapes, bucket_bytes: int, direct_bytes: int, 
             group.broadcast(torch.zeros(1))
             times[name].append(time.perf_counter() - t0)
     if rank == 1:
-        direct = sum(l.direct for l in layouts)
+        direct = sum(layout.direct for layout in layouts)
         rounds = {k: v[1:] for k, v in times.items()}
-        out.put({"bytes": sum(l.nbytes for l in layouts), "direct_buckets": direct,
+        out.put({"bytes": sum(layout.nbytes for layout in layouts), "direct_buckets": direct,
                  "packed_buckets": len(layouts) - direct,
-                 "direct_mb": sum(l.nbytes for l in layouts if l.direct) / 1e6,
+                 "direct_mb": sum(layout.nbytes for layout in layouts if layout.direct) / 1e6,
                  **{k: statistics.median(v) for k, v in rounds.items()},
                  "paired": _paired(rounds)})
     group.close()
@@ -194,7 +195,8 @@ def bandwidth(models: list[str], bucket_bytes: int, direct_bytes: int, repeats: 
         return
     print(f"gloo over loopback, packed buckets {bucket_bytes / 2**20:.0f} MiB, direct from "
           f"{direct_bytes / 2**20:g} MiB, checksum {algo}, median of {repeats}, load average {os.getloadavg()[0]:.1f}")
-    print("times: medians over rounds; ratios: medians of per-round ratios (each round runs every variant back to back)")
+    print("times: medians over rounds; ratios: medians of per-round ratios "
+          "(each round runs every variant back to back)")
     print(f"{'model':31s} {'tensors':>7s} {'MB':>7s} {'ours':>7s} {'nocheck':>7s} {'raw':>7s} {'per-t':>7s} "
           f"{'1 pass':>7s}  {'nocheck/raw':>11s} {'ours/raw':>8s} {'nocheck vs per-t':>16s} {'ours vs per-t':>13s} "
           f"{'check cost/1 pass':>17s}")
@@ -235,8 +237,8 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     ctx = init_parallel(ParallelConfig())
     arch = ModelArch.from_hf_dir(model_dir)
     model = build_model(ModelConfig(hf_path=model_dir), ctx)
-    sender = WeightSender(WeightSyncConfig(advertise_host="127.0.0.1", base_port=free_port()), [url],
-                          model, ctx, arch.vocab_size, table_to_hf(arch))
+    sender = WeightSender(WeightSyncConfig(advertise_host="127.0.0.1", base_port=free_port()), members=[url],
+                          model=model, ctx=ctx, vocab_size=arch.vocab_size, to_hf=table_to_hf(arch))
     sender.ensure_connected()
     reports, completions = [], []
 
@@ -281,7 +283,8 @@ def pause(updates: int) -> None:
     totals = [r["total_s"] for r in reports]
     print(f"\nreal vLLM (tiny model), {updates} updates with 16 requests decoding: pause (/pause..resume) "
           f"median {statistics.median(pauses) * 1e3:.0f} ms, max {max(pauses) * 1e3:.0f} ms; whole update median "
-          f"{statistics.median(totals) * 1e3:.0f} ms; last update on the server: receive {status['receive_s'] * 1e3:.0f} ms "
+          f"{statistics.median(totals) * 1e3:.0f} ms; last update on the server: "
+          f"receive {status['receive_s'] * 1e3:.0f} ms "
           f"(decoding continues), apply {status['apply_s'] * 1e3:.0f} ms; aborted requests: {aborted}/{n}")
 
 

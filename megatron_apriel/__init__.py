@@ -6,9 +6,10 @@ under ``megatron_apriel``; a package name covers its modules, ``*.config`` every
 the longest name that matches a module places it (a layer may take several lines).
 ``tests/unit/config/test_layers.py`` reads this table and the package's imports.
 
-    0 settings:      config conf *.config rewards sampling
-    0 records:       rollout.types rollout.npy_base64 rollout.stream rollout.lag model.arch parallel.dims weight_sync.protocol
-    0 processes:     stop lifetime process logs metrics
+    0 settings:      config conf *.config choices rewards sampling
+    0 records:       rollout.types rollout.npy_base64 rollout.stream rollout.lag
+    0 records:       model.arch parallel.dims weight_sync.protocol
+    0 processes:     stop lifetime process logs metrics refusals
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan

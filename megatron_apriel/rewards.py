@@ -98,14 +98,14 @@ def difficulty_aware_rewards(rewards: Sequence[float], lengths: Sequence[int], c
     _check_same_length(rewards=rewards, lengths=lengths, correct=correct, truncated=truncated)
     s = group_solve_rate(correct)
     shaped = []
-    for r, l, c, t in zip(rewards, lengths, correct, truncated):
-        if t and l >= max_len:
+    for r, length, c, t in zip(rewards, lengths, correct, truncated):
+        if t and length >= max_len:
             scale = 1.0
         elif c:
             scale = s ** gamma
         else:
             scale = failure_scale
-        shaped.append(float(r) + scale * length_penalty(l, max_len, buffer))
+        shaped.append(float(r) + scale * length_penalty(length, max_len, buffer))
     return shaped
 
 
@@ -116,7 +116,8 @@ def shape_group_rewards(config: RewardConfig, rewards: Sequence[float], lengths:
         return difficulty_aware_rewards(rewards, lengths, correct, truncated, config.max_len,
                                         config.buffer, config.gamma, config.failure_scale)
     _check_same_length(rewards=rewards, lengths=lengths)
-    return [float(r) + length_penalty(l, config.max_len, config.buffer) for r, l in zip(rewards, lengths)]
+    return [float(r) + length_penalty(length, config.max_len, config.buffer)
+            for r, length in zip(rewards, lengths)]
 
 
 def group_advantages(rewards: Sequence[float], mode: str = "loo", eps: float = 1e-4) -> list[float]:

@@ -47,7 +47,8 @@ OPTIM = OptimConfig(lr=1e-3, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 
 def reference_state() -> dict:
     g = torch.Generator().manual_seed(0)
-    return {k: (1 + 0.1 * torch.randn(s, generator=g)) if k.endswith("norm.weight") else 0.05 * torch.randn(s, generator=g)
+    return {k: (1 + 0.1 * torch.randn(s, generator=g)) if k.endswith("norm.weight")
+            else 0.05 * torch.randn(s, generator=g)
             for k, s in sorted(canonical_shapes(ARCH).items())}
 
 
@@ -70,8 +71,11 @@ def run(ctx, precision: str) -> dict:
     optimizer, scheduler = build_optimizer(chunks, OPTIM, ctx, total_steps=10)
     data = samples()
     mbs = packed_microbatches(data, list(range(len(data))), 256)
-    logp = torch.cat([lp[mb.loss_mask] for mb, lp in zip(mbs, forward_logprobs(chunks, mbs, ctx, ARCH.vocab_size, 1.0))])
-    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, LOSS, ARCH.vocab_size)
+    logp = torch.cat([lp[mb.loss_mask]
+                      for mb, lp in zip(mbs, forward_logprobs(chunks, mbs, ctx=ctx, vocab_size=ARCH.vocab_size,
+                                                                       temperature=1.0))])
+    metrics = train_step(chunks, mbs, optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=LOSS,
+                         vocab_size=ARCH.vocab_size)
     weights = {k: v.float() for k, v in gather_full_state_dict(model, ctx, ARCH.vocab_size).items()}
     return {"logp": logp.float().cpu(), "loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"],
             "weights": weights}

@@ -24,7 +24,8 @@ MATH = [("What is 3/4 + 1/4 - 1/2?", r"\frac{1}{2}"), ("Solve 2x + 6 = 0 for x."
         ("How many ways can 4 distinct books be arranged on a shelf?", "24"),
         ("What is the area of a circle of radius 3?", r"9\pi"), ("Evaluate 1 + 2 + ... + 100.", "5050"),
         ("What is the hypotenuse of a right triangle with legs 5 and 12?", "13"),
-        ("Write 0.125 as a fraction in lowest terms.", r"\frac{1}{8}"), ("What is sqrt(2) squared times sqrt(2)?", r"2\sqrt{2}"),
+        ("Write 0.125 as a fraction in lowest terms.", r"\frac{1}{8}"),
+        ("What is sqrt(2) squared times sqrt(2)?", r"2\sqrt{2}"),
         ("What is the smallest prime greater than 90?", "97"), ("Solve for y: y/3 = 1.5.", "4.5")]
 
 CODE = [
@@ -115,13 +116,16 @@ IFEVAL = [
 ]
 
 WEATHER = {"name": "get_weather", "description": "Current weather in a city.", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "type": "object", "properties": {"city": {"type": "string"},
+                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
     "required": ["city"]}}
 CONVERT = {"name": "convert_currency", "description": "Convert an amount between currencies.", "parameters": {
     "type": "object", "properties": {"amount": {"type": "number"}, "from_currency": {"type": "string"},
-                                     "to_currency": {"type": "string"}}, "required": ["amount", "from_currency", "to_currency"]}}
+                                     "to_currency": {"type": "string"}},
+    "required": ["amount", "from_currency", "to_currency"]}}
 SEARCH = {"name": "search_books", "description": "Search a library catalogue.", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}, "max_results": {"type": "integer"}}, "required": ["query"]}}
+    "type": "object", "properties": {"query": {"type": "string"}, "max_results": {"type": "integer"}},
+    "required": ["query"]}}
 TOOLS = [WEATHER, CONVERT, SEARCH]
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito"]
 FC = ([(f"What's the weather in {c}?", [{"get_weather": {"city": [c], "unit": ["", "celsius", "fahrenheit"]}}])
@@ -137,9 +141,9 @@ FC = ([(f"What's the weather in {c}?", [{"get_weather": {"city": [c], "unit": ["
       + [(f"Weather in {a} and in {b}, please.", [{"get_weather": {"city": [a], "unit": [""]}},
                                                   {"get_weather": {"city": [b], "unit": [""]}}])
          for a, b in [("Paris", "Rome"), ("Tokyo", "Seoul"), ("Lima", "Quito")]]
-      + [("Weather in Oslo, and convert 10 NOK to EUR.", [{"get_weather": {"city": ["Oslo"], "unit": [""]}},
-                                                          {"convert_currency": {"amount": [10.0], "from_currency": ["NOK"],
-                                                                                "to_currency": ["EUR"]}}])])
+      + [("Weather in Oslo, and convert 10 NOK to EUR.",
+          [{"get_weather": {"city": ["Oslo"], "unit": [""]}},
+           {"convert_currency": {"amount": [10.0], "from_currency": ["NOK"], "to_currency": ["EUR"]}}])])
 
 
 def _user(text):
@@ -161,14 +165,17 @@ def build() -> dict[str, list[Problem]]:
         for i, entry in enumerate(reasoning_gym.create_dataset(task, size=2, seed=1234)):
             logic.append(Problem(f"logic-{task}-{i}", "logic",
                                  _user(entry["question"] + "\n\nPut your final answer within \\boxed{}."),
-                                 {"source": "reasoning_gym", "task": task, "entry": entry}, {"source": "reasoning_gym"}))
-    logic += [Problem(f"logic-i3-{i}", "logic", _user(q), {"source": "i3_logic", "task": t, "answer": a, "game_data": {}},
+                                 {"source": "reasoning_gym", "task": task, "entry": entry},
+                                 {"source": "reasoning_gym"}))
+    logic += [Problem(f"logic-i3-{i}", "logic", _user(q),
+                      {"source": "i3_logic", "task": t, "answer": a, "game_data": {}},
                       {"source": "handwritten_i3_format"}) for i, (t, q, a) in enumerate(I3_LOGIC)]
     out["logic"] = logic
     out["ifeval"] = [Problem(f"ifeval-{i:02d}", "ifeval", _user(q), {"instruction_id_list": ids, "kwargs": kw},
                              {"source": "handwritten"}) for i, (q, ids, kw) in enumerate(IFEVAL)]
     out["function_calling"] = [Problem(f"fc-{i:02d}", "function_calling", _user(q),
-                                       {"ground_truth": gold, "functions": TOOLS}, {"source": "handwritten", "tools": TOOLS})
+                                       {"ground_truth": gold, "functions": TOOLS},
+                                       {"source": "handwritten", "tools": TOOLS})
                                for i, (q, gold) in enumerate(FC)]
     return out
 

@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--answers", type=Path, help="BFCL possible_answer file (bfcl only)")
     parser.add_argument("--max-tests", type=int, default=5, help="tests kept per code problem (taco/apps; recipe: 5)")
     parser.add_argument("--seed", type=int, default=0, help="gpqa: seed of the per-row option shuffle (recorded)")
-    parser.add_argument("--start-date", default="", help="livecodebench: start <= contest_date, at 00:00 (v5: 2024-08-01)")
+    parser.add_argument("--start-date", default="",
+                        help="livecodebench: start <= contest_date, at 00:00 (v5: 2024-08-01)")
     parser.add_argument("--end-date", default="", help="livecodebench: contest_date <= end, at 00:00 (v5: 2025-02-01)")
     args = parser.parse_args()
     stats = convert_file(args.format, args.src, args.out, args.answers, args.max_tests, args.seed, args.start_date,

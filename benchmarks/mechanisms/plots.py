@@ -45,7 +45,8 @@ def mix_figure(runs: dict, path: Path) -> Path:
         xs = [n for n, _, _ in adaptive["trace"]]
         for d in adaptive["domains"]:
             right.plot(xs, [p[d] for _, _, p in adaptive["trace"]], color=COLORS[d], label=d)
-    left.set(xlabel="completed rollouts", ylabel="share of completed rollouts (%)", title="realised mix (dotted: target)")
+    left.set(xlabel="completed rollouts", ylabel="share of completed rollouts (%)",
+             title="realised mix (dotted: target)")
     left.legend(fontsize=7, ncol=2)
     middle.set(xlabel="completed rollouts", ylabel="largest |share - target| (pp)", yscale="log", ylim=(1e-2, 100),
                title="gap to the target mix (thin: of trained rollouts)")

@@ -25,8 +25,15 @@ from tqdm import tqdm
 from megatron_apriel.convert import mcore_io
 from megatron_apriel.convert.hf_config import copy_support_files, hf_config_from_arch
 from megatron_apriel.convert.hf_io import HFReader, ShardedWriter
-from megatron_apriel.convert.mapping import (LAYOUTS, HFLayout, canonical_to_hf, detect_layout,
-                                             canonical_row_pieces, expected_hf_shapes, megatron_names)
+from megatron_apriel.convert.mapping import (
+    LAYOUTS,
+    HFLayout,
+    canonical_row_pieces,
+    canonical_to_hf,
+    detect_layout,
+    expected_hf_shapes,
+    megatron_names,
+)
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.model.provider import padded_vocab_size
 from megatron_apriel.parallel.dims import ParallelDims

@@ -14,6 +14,7 @@ import mmap
 import struct
 from contextlib import ExitStack
 from pathlib import Path
+
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file

@@ -191,7 +191,8 @@ def canonical_shape(name: str, arch: ModelArch) -> tuple[int, ...]:
         "self_attention.linear_proj.weight": (h, arch.num_heads * d), "pre_mlp_layernorm.weight": (h,),
         "mlp.linear_fc1.weight": (2 * f, h), "mlp.linear_fc2.weight": (h, f),
         "mlp.router.weight": (arch.num_experts, h),
-        "mlp.experts.local_experts.linear_fc1.weight": (2 * fe, h), "mlp.experts.local_experts.linear_fc2.weight": (h, fe),
+        "mlp.experts.local_experts.linear_fc1.weight": (2 * fe, h),
+        "mlp.experts.local_experts.linear_fc2.weight": (h, fe),
         "decoder.final_layernorm.weight": (h,), "output_layer.weight": (v, h),
     }
     rel = _EXPERT_RE["megatron"].sub(".local_experts.", _LAYER_RE["megatron"].sub("", name))
@@ -278,7 +279,8 @@ def hf_to_canonical(hf: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str
         missing = [n for i, n in enumerate(m.hf_names(layer, expert)) if i not in parts]
         if missing:
             raise ValueError(f"{m.megatron_name(layer, expert)} needs {missing} as well; the checkpoint is incomplete.")
-        out[m.megatron_name(layer, expert)] = _TRANSFORMS[m.kind].to_megatron(arch, *(parts[i] for i in range(len(parts))))
+        out[m.megatron_name(layer, expert)] = _TRANSFORMS[m.kind].to_megatron(
+            arch, *(parts[i] for i in range(len(parts))))
     return out
 
 

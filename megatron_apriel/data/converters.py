@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import ast
 import json
-from datetime import datetime
 import random
+from datetime import datetime
 from typing import Any, Callable
 
 from megatron_apriel.data.lcb import decode_test_cases, to_verifier_tests

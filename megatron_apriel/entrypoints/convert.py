@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from megatron_apriel.convert.checkpoint import hf_to_mcore, mcore_to_hf
+from megatron_apriel.refusals import REFUSALS, refuse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             mcore_to_hf(args.mcore, args.out, hf_reference=args.hf_reference,
                         max_shard_bytes=int(args.max_shard_gb * 2**30), progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"apriel-convert {args.command}: error: {e}\n")
+    except REFUSALS as err:
+        refuse(f"apriel-convert {args.command}", err)
     print(f"apriel-convert {args.command}: wrote {args.out}")
     return 0
 

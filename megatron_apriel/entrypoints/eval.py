@@ -2,7 +2,8 @@
 
     apriel-eval run --checkpoint runs/apriel_15b/hf --out evals/step250 \\
         --bench aime25:aime:/data/aime_2025.jsonl --bench gpqa_d:gpqa:/data/gpqa_diamond.csv \\
-        --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet --bench lcb_v5:livecodebench:/data/lcb/test4.jsonl,/data/lcb/test5.jsonl \\
+        --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet \\
+        --bench lcb_v5:livecodebench:/data/lcb/test4.jsonl,/data/lcb/test5.jsonl \\
         --num-servers 8 --gpus-per-server 1 --vllm-args "--max-model-len 40960"
     apriel-eval run --checkpoint runs/x/checkpoints/step_00000250 ...   # Megatron checkpoint: converted first
     apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from megatron_apriel.eval.benchmarks import FORMATS, BenchmarkSpec, FormatOptions
 from megatron_apriel.eval.runner import EVAL_SAMPLING
+from megatron_apriel.refusals import refuse
 
 PROG = "apriel-eval"
 
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = ""
         if args.command == "run" and (args.out / "samples").is_dir():
             kept = f"\n{PROG} run: the samples written so far are kept in {args.out / 'samples'}; rerun to continue."
-        parser.exit(2, f"{PROG} {args.command}: error: {err}{kept}\n")
+        refuse(f"{PROG} {args.command}", err, kept)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -126,9 +128,9 @@ def _run(args: argparse.Namespace) -> int:
     from megatron_apriel.eval.benchmarks import load_benchmark
     from megatron_apriel.eval.report import console_table
     from megatron_apriel.eval.runner import EvalConfig
-    from megatron_apriel.rollout.config import SamplingConfig
     from megatron_apriel.eval.serving import inspect_checkpoint
     from megatron_apriel.eval.session import check_manifest
+    from megatron_apriel.rollout.config import SamplingConfig
 
     sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               stop=tuple(args.stop))

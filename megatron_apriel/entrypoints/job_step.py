@@ -3,7 +3,8 @@ it from the same ``--config-name`` and overrides as the trainer and the actor:
 
     python -m megatron_apriel.entrypoints.job_step prepare --facts FILE --train-nodes 4 --train-tasks-per-node 8 \\
         --rollout-nodes 4 --servers-per-node 8 --config-name apriel_15b [overrides]
-    python -m megatron_apriel.entrypoints.job_step serve --config-name apriel_15b [overrides]      # one srun task per server
+    # one srun task per server:
+    python -m megatron_apriel.entrypoints.job_step serve --config-name apriel_15b [overrides]
     python -m megatron_apriel.entrypoints.job_step export --config-name apriel_15b [overrides]
 
 - ``prepare`` (once per attempt, before anything starts): the allocation against the config, the
@@ -26,10 +27,12 @@ import sys
 from pathlib import Path
 
 from megatron_apriel.config import compose_run
+from megatron_apriel.refusals import REFUSALS, refuse
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron_apriel.entrypoints.job_step", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m megatron_apriel.entrypoints.job_step",
+                                description=__doc__.split("\n")[0])
     p.add_argument("step", choices=["prepare", "serve", "export"])
     p.add_argument("--config-name", required=True)
     p.add_argument("--config-dir", default=None)
@@ -111,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     try:
         run, _ = compose_run(args.config_name, overrides, args.config_dir)
-        code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run), "export": lambda: export(run)}[args.step]()
-    except (ValueError, FileNotFoundError) as err:
-        print(f"job_step {args.step}: error: {err}", file=sys.stderr)
-        return 2
+        code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run),
+                "export": lambda: export(run)}[args.step]()
+    except REFUSALS as err:
+        refuse(f"job_step {args.step}", err)
     return code or 0
 
 

@@ -28,6 +28,7 @@ from megatron_apriel.plan.fleet import plan_fleet, stage_update_bytes, weights_b
 from megatron_apriel.plan.layouts import TrainerSettings, plan_layouts, recommend
 from megatron_apriel.plan.params import parameter_count
 from megatron_apriel.plan.report import render_text
+from megatron_apriel.refusals import REFUSALS, refuse
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -113,7 +114,8 @@ def make_plan(args) -> dict:
     layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)
     best = recommend(layouts)
     fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
-                       gpu_memory_gib=args.gpu_memory_gb, memory_utilization=run.fleet.server_args.gpu_memory_utilization,
+                       gpu_memory_gib=args.gpu_memory_gb,
+                       memory_utilization=run.fleet.server_args.gpu_memory_utilization,
                        seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
     pp, ep = (best[0].pp, best[0].ep) if best else (1, 1)
     update = stage_update_bytes(arch, pp, ep)
@@ -145,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = make_plan(args)
-    except (ValueError, FileNotFoundError) as e:
-        parser.exit(2, f"apriel-plan: error: {e}\n")
+    except REFUSALS as err:
+        refuse("apriel-plan", err)
     print(json.dumps(plan, indent=2) if args.json else render_text(plan))
     return 0 if plan["recommended"] else 1
 

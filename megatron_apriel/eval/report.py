@@ -50,9 +50,10 @@ def console_table(report: dict) -> str:
 
 def markdown(report: dict) -> str:
     s = report["sampling"]
-    head = (f"# Evaluation of `{report['label']}`\n\ncheckpoint `{report['checkpoint']}`; temperature {s['temperature']}, "
-            f"top_p {s['top_p']}, max tokens {s['max_tokens']}, seed {s['seed']}. pass@1 is the mean over the n "
-            "samples of each problem, in %, with its 95% confidence interval over problems.\n\n")
+    head = (f"# Evaluation of `{report['label']}`\n\ncheckpoint `{report['checkpoint']}`; "
+            f"temperature {s['temperature']}, top_p {s['top_p']}, max tokens {s['max_tokens']}, seed {s['seed']}. "
+            "pass@1 is the mean over the n samples of each problem, in %, with its 95% confidence interval over "
+            "problems.\n\n")
     rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + table_rows(report)
     return head + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from megatron_apriel.rollout.types import Outcome, TokenIds

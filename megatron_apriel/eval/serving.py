@@ -3,9 +3,10 @@
 A checkpoint is an HF model directory (``config.json`` + safetensors, e.g. a run's ``hf/``
 export), or one of our Megatron distributed checkpoints (``run_dir/checkpoints/step_N`` or its
 ``dist/``), which is converted once into ``OUT/hf_converted`` (`convert.checkpoint.mcore_to_hf`;
-kept, so a resumed evaluation does not convert again; not at all when ``--servers`` serve it). The conversion takes config, tokenizer
-and key layout from ``hf_reference``, by default the run's base model (``model.hf_path`` in
-``run_dir/config.yaml``, or ``run_dir/base`` for the tiny presets).
+kept, so a resumed evaluation does not convert again; not at all when ``--servers`` serve it).
+The conversion takes config, tokenizer and key layout from ``hf_reference``, by default the
+run's base model (``model.hf_path`` in ``run_dir/config.yaml``, or ``run_dir/base`` for the
+tiny presets).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def components(run: RunConfig, argv: list[str]) -> list[Component]:
             port = base + i if base else free_port()
             cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run),
                                 register_dir=Path(run.run_dir) / FLEET_DIR)
-            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", env, restarts_left=run.fleet.max_restarts))
+            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", env,
+                                 restarts_left=run.fleet.max_restarts))
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *overrides],
                              logs / "actor.log", env, restarts_left=run.fleet.max_restarts))

@@ -25,6 +25,7 @@ from megatron_apriel.launch.preflight import preflight
 from megatron_apriel.launch.progress import MetricsTail, say
 from megatron_apriel.launch.report import describe
 from megatron_apriel.metrics import METRICS_FILE
+from megatron_apriel.refusals import REFUSALS, refuse
 from megatron_apriel.rollout.fleet import FLEET_DIR
 
 
@@ -122,16 +123,14 @@ def launch(run: RunConfig, argv: list[str]) -> int:
         preflight(run)  # the dry run runs the same checks: it says what the launch would refuse
         parts = components(run, argv)
         report = describe(run, parts) if run.launch.dry_run else ""
-    except (ValueError, FileNotFoundError) as err:
-        say(f"error: {err}")
-        return 2
+    except REFUSALS as err:
+        refuse("apriel-train", err)
     many_nodes = MANY_NODES.format(n=run.launch.nnodes)
     if run.launch.dry_run:
         print(report + (f"\nthe launch would refuse: {many_nodes}" if run.launch.nnodes > 1 else ""))
         return 0
     if run.launch.nnodes > 1:
-        say(f"error: {many_nodes}")
-        return 2
+        refuse("apriel-train", many_nodes)
     return _run(run, Launcher(run, parts))
 
 

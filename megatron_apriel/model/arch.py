@@ -101,7 +101,8 @@ class ModelArch:
             raise ValueError("a Mixtral model has no dense layers and renormalises its top-k: leave "
                              "model.arch.dense_layers empty and norm_topk_prob true.")
         if not 1 <= self.moe_top_k <= self.num_experts:
-            raise ValueError(f"model.arch.moe_top_k must be in [1, num_experts={self.num_experts}], got {self.moe_top_k}.")
+            raise ValueError(f"model.arch.moe_top_k must be in [1, num_experts={self.num_experts}], "
+                             f"got {self.moe_top_k}.")
         if self.moe_top_k == 1 and self.norm_topk_prob:
             raise ValueError("moe_top_k=1 with norm_topk_prob=true (every token's one expert weighted 1) is not "
                              "supported: Megatron's top-1 router weights the expert by its softmax probability.")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from megatron_apriel.choices import Fp8Format, Fp8Recipe, TokenDispatcher, check_choice, choices
 from megatron_apriel.model.arch import ModelArch
 
-FP8_FORMATS = ("hybrid", "e4m3")
+FP8_FORMATS = choices(Fp8Format)
 
 
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-DISPATCHERS = ("auto", "allgather", "alltoall")
+FP8_RECIPES = choices(Fp8Recipe)
+DISPATCHERS = choices(TokenDispatcher)
 
 
 @dataclass(kw_only=True)
@@ -38,8 +39,7 @@ class MoEConfig:
     def __post_init__(self) -> None:
         if self.aux_loss_coeff < 0 or self.z_loss_coeff < 0:
             raise ValueError("model.moe.aux_loss_coeff and model.moe.z_loss_coeff must be >= 0.")
-        if self.token_dispatcher not in DISPATCHERS:
-            raise ValueError(f"model.moe.token_dispatcher must be one of {DISPATCHERS}, got {self.token_dispatcher!r}.")
+        check_choice("model.moe.token_dispatcher", self.token_dispatcher, TokenDispatcher)
 
 
 @dataclass(kw_only=True)
@@ -75,13 +75,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.transformer_impl not in ("auto", "local", "transformer_engine"):
-            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, got {self.transformer_impl!r}.")
+            raise ValueError(f"model.transformer_impl must be auto, local or transformer_engine, "
+                             f"got {self.transformer_impl!r}.")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"model.precision must be auto, fp32 or bf16, got {self.precision!r}.")
-        if self.fp8 is not None and self.fp8 not in FP8_FORMATS:
-            raise ValueError(f"model.fp8 must be null or one of {FP8_FORMATS}, got {self.fp8!r}.")
-        if self.fp8_recipe not in FP8_RECIPES:
-            raise ValueError(f"model.fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}.")
+        check_choice("model.fp8", self.fp8, Fp8Format, allow_none=True)
+        check_choice("model.fp8_recipe", self.fp8_recipe, Fp8Recipe)
         if self.recompute not in (None, "selective", "full"):
             raise ValueError(f"model.recompute must be null, selective or full, got {self.recompute!r}.")
         if not 0.0 <= self.dropout < 1.0:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal, Mapping, Optional
+
 import torch
 import torch.distributed as dist
+
+Reduction = Literal["sum", "min", "max"]
+_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
 def _device() -> torch.device:
@@ -63,3 +68,21 @@ def all_gather_cat(t: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, t.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
+
+
+def reduce_metrics(parts: list[dict[str, torch.Tensor]], reductions: Mapping[str, Reduction], group: Optional = None,
+                   default: Reduction = "sum") -> dict[str, float]:
+    """Scalar metrics combined over ``parts`` (e.g. micro-batches), then over ``group`` (None: this
+    rank alone): each key by its declared reduction in ``reductions``, ``default`` for the others."""
+    out: dict[str, float] = {}
+    for kind in _OPS:
+        names = sorted(k for k in parts[0] if reductions.get(k, default) == kind)
+        if not names:
+            continue
+        stacked = torch.stack([torch.stack([m[k].float() for k in names]) for m in parts])
+        local = {"sum": lambda: stacked.sum(0), "min": lambda: stacked.min(0).values,
+                 "max": lambda: stacked.max(0).values}[kind]()
+        if group is not None:
+            dist.all_reduce(local, op=_OPS[kind], group=group)
+        out.update({k: float(v) for k, v in zip(names, local.tolist())})
+    return out

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_apriel.choices import CpCommType, check_choice, choices
 
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+CP_COMM_TYPES = choices(CpCommType)
 
 
 def cp_alignment(cp: int, tp: int, sequence_parallel: bool) -> int:
@@ -47,8 +48,7 @@ class ParallelConfig:
                              f"pp={self.pp} ep={self.ep} cp={self.cp}.")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("parallel.sequence_parallel=true needs parallel.tp > 1; set it to false.")
-        if self.cp_comm_type not in CP_COMM_TYPES:
-            raise ValueError(f"parallel.cp_comm_type must be one of {CP_COMM_TYPES}, got {self.cp_comm_type!r}.")
+        check_choice("parallel.cp_comm_type", self.cp_comm_type, CpCommType)
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"parallel.backend must be auto, nccl or gloo, got {self.backend!r}.")
 

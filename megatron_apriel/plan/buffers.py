@@ -4,9 +4,10 @@ What our trainer builds (``model/wrap.py``): ``DistributedDataParallel`` with
 ``use_distributed_optimizer=True``, ``overlap_grad_reduce=False`` (so one bucket per buffer,
 except that a tied embedding gets its own bucket when pp > 1) and fp32 gradient reduction.
 Megatron then lays the stage's parameters out in reverse order in one flat buffer per parameter
-dtype (the local spec's norms stay fp32 in a bf16 model, so it has two), starts each parameter at a multiple of 64 elements and pads each bucket to a multiple of lcm(dp, 128); the
-model's weights become views into a param buffer of that size and the gradients live in a grad
-buffer of that size (``megatron/core/distributed/param_and_grad_buffer.py``).
+dtype (the local spec's norms stay fp32 in a bf16 model, so it has two), starts each parameter at
+a multiple of 64 elements and pads each bucket to a multiple of lcm(dp, 128); the model's weights
+become views into a param buffer of that size and the gradients live in a grad buffer of that
+size (``megatron/core/distributed/param_and_grad_buffer.py``).
 
 A mixture of experts' expert weights live in buffers of their own, sharded over the expert
 data-parallel group (``tp * dp / ep`` ranks) instead of the data-parallel one.
@@ -117,7 +118,8 @@ def _buffers(params: list[tuple[str, int]], where: StageShape, own: set[str], dp
 
 def _add(a: StateBytes, b: StateBytes) -> StateBytes:
     return StateBytes(*(x + y for x, y in zip(
-        (a.weights, a.grads, a.master, a.adam, a.step_counters), (b.weights, b.grads, b.master, b.adam, b.step_counters))))
+        (a.weights, a.grads, a.master, a.adam, a.step_counters),
+        (b.weights, b.grads, b.master, b.adam, b.step_counters))))
 
 
 def _parts(arch: ModelArch, where: StageShape) -> tuple[list, set, list]:

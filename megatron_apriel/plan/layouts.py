@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from megatron_apriel.model.arch import ModelArch
+from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.plan.activations import ActivationShape, head_bytes, stage_activation_bytes
 from megatron_apriel.plan.buffers import worst_rank_state
-from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.plan.params import StageShape
 from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS
 

@@ -54,8 +54,8 @@ def _attention(arch: ModelArch, tp: int, spec: str, prefix: str) -> list[tuple[s
                if arch.qk_norm else [])
     proj = [(prefix + "self_attention.linear_proj.weight", h * q)]
     if spec == "local":
-        return ([(prefix + "input_layernorm.weight", h)] + proj + [(prefix + "self_attention.linear_qkv.weight", qkv * h)]
-                + bias + qk_norm)
+        return ([(prefix + "input_layernorm.weight", h)] + proj
+                + [(prefix + "self_attention.linear_qkv.weight", qkv * h)] + bias + qk_norm)
     return proj + [(prefix + "self_attention.linear_qkv.layer_norm_weight", h),
                    (prefix + "self_attention.linear_qkv.weight", qkv * h)] + bias + qk_norm
 
@@ -63,7 +63,8 @@ def _attention(arch: ModelArch, tp: int, spec: str, prefix: str) -> list[tuple[s
 def _dense_mlp(arch: ModelArch, tp: int, spec: str, prefix: str) -> list[tuple[str, int]]:
     h, f = arch.hidden_size, arch.ffn_hidden_size // tp
     norm = "pre_mlp_layernorm.weight" if spec == "local" else "mlp.linear_fc1.layer_norm_weight"
-    return [(prefix + norm, h), (prefix + "mlp.linear_fc1.weight", 2 * f * h), (prefix + "mlp.linear_fc2.weight", h * f)]
+    return [(prefix + norm, h), (prefix + "mlp.linear_fc1.weight", 2 * f * h),
+            (prefix + "mlp.linear_fc2.weight", h * f)]
 
 
 def _experts(arch: ModelArch, ep: int, spec: str, prefix: str) -> list[tuple[str, int]]:
@@ -123,7 +124,8 @@ def parameter_count(arch: ModelArch, active: bool = False) -> int:
     token goes through (a sparse layer's router and top-k experts only)."""
     h, d = arch.hidden_size, arch.head_dim
     qkv = (arch.num_heads + 2 * arch.num_kv_heads) * d
-    attention = 2 * h + qkv * h + h * arch.num_heads * d + (qkv if arch.qkv_bias else 0) + (2 * d if arch.qk_norm else 0)
+    attention = (2 * h + qkv * h + h * arch.num_heads * d + (qkv if arch.qkv_bias else 0)
+                 + (2 * d if arch.qk_norm else 0))
     experts = arch.moe_top_k if active else arch.num_experts
     sparse = arch.num_experts * h + experts * 3 * h * arch.moe_ffn_hidden_size
     mlp = sum(sparse if arch.is_moe_layer(i) else 3 * h * arch.ffn_hidden_size for i in range(arch.num_layers))

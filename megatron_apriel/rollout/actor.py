@@ -35,13 +35,19 @@ from typing import Callable, Optional
 
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.data.prompts import render_prompt
-from megatron_apriel.rewards import (RewardConfig)
+from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
 from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.rollout.groups import build_group
 from megatron_apriel.rollout.lag import may_admit
-from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
-                                            read_progress)
+from megatron_apriel.rollout.stream import (
+    ActorSnapshot,
+    PendingGroup,
+    StreamReader,
+    StreamWriter,
+    TrainerProgress,
+    read_progress,
+)
 from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, RolloutGroup
 from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, state_from_v2
 

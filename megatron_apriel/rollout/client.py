@@ -260,7 +260,8 @@ class FleetClient:
             if seen:
                 server.version = max(server.version or 0, max(seen))
             return out
-        raise FleetUnavailable(f"no server completed the request in {self.max_attempts} attempts: " + " | ".join(errors))
+        raise FleetUnavailable(f"no server completed the request in {self.max_attempts} attempts: "
+                               + " | ".join(errors))
 
     async def _once(self, server: _Server, prompt: list[int], sampling: SamplingConfig, n: int, attempt: int):
         body = {"request_id": f"apriel-{uuid.uuid4().hex}", "token_ids": list(prompt),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from megatron_apriel.choices import RolloutSource, check_choice, choices
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.verifiers.config import VerifiersConfig
 
@@ -60,7 +61,8 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         if min(self.max_in_flight, self.max_queued_steps, self.verifier_workers, self.max_prompt_tokens) < 1:
-            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens must be >= 1.")
+            raise ValueError("actor.max_in_flight, max_queued_steps, verifier_workers and max_prompt_tokens "
+                             "must be >= 1.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"actor.top_p={self.top_p} must be in (0, 1].")
         if min(self.flush_interval_s, self.poll_s, self.metrics_every_s) <= 0:
@@ -161,7 +163,7 @@ class FleetConfig:
         return ServerArgs(tuple(self.vllm_args))
 
 
-SOURCES = ("local", "fleet", "replay")
+SOURCES = choices(RolloutSource)
 
 
 @dataclass(kw_only=True)
@@ -201,8 +203,7 @@ class RolloutConfig:
     local: LocalRolloutConfig = field(default_factory=LocalRolloutConfig)
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"rollout.source={self.source!r} is not available; choose one of {SOURCES}.")
+        check_choice("rollout.source", self.source, RolloutSource)
         if self.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 (advantages compare a group's rollouts).")
         if self.groups_per_step < 1:

@@ -14,8 +14,13 @@ group is generated and verified):
 
 from __future__ import annotations
 
-from megatron_apriel.rewards import (RewardConfig, group_advantages, is_zero_advantage_group, shape_group_rewards,
-                                     task_reward)
+from megatron_apriel.rewards import (
+    RewardConfig,
+    group_advantages,
+    is_zero_advantage_group,
+    shape_group_rewards,
+    task_reward,
+)
 from megatron_apriel.rollout.client import Completion
 from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup
 

@@ -352,7 +352,8 @@ class TrainSample:
                              f"{self.routing.shape}.")
         n_completion = len(self.tokens) - self.prompt_len
         if self.prompt_len < 1 or n_completion < 0:
-            raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and {len(self.tokens)}.")
+            raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and "
+                             f"{len(self.tokens)}.")
         if len(self.behaviour_logprobs) != n_completion:
             raise ValueError(
                 f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."

@@ -83,6 +83,8 @@ class RoutedExpertsCapture:
             return len(self._apriel_routing["layers"])
         from vllm.model_executor.layers.fused_moe.layer import MoERunner
 
+        from megatron_apriel._patches import around_each_model_step
+
         model = self.model_runner.get_model()
         hf = self.model_runner.model_config.hf_text_config
         experts = int(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts"))
@@ -95,16 +97,8 @@ class RoutedExpertsCapture:
                 module.router.set_capture_fn(lambda ids, layer=layer: state["step"].setdefault(layer, ids.detach()))
         if not state["layers"]:
             raise ValueError("--return-routed-experts needs a mixture-of-experts model; this one has no MoE layer.")
-        runner = self.model_runner
-        execute = runner.execute_model
-
-        def execute_and_file(scheduler_output, *args, **kwargs):
-            state["step"] = {}
-            out = execute(scheduler_output, *args, **kwargs)
-            self._apriel_file_step(state, scheduler_output)
-            return out
-
-        runner.execute_model = execute_and_file
+        around_each_model_step(self.model_runner, before=lambda: state["step"].clear(),
+                               after=lambda scheduler_output: self._apriel_file_step(state, scheduler_output))
         self._apriel_routing = state
         log.info("capturing routed experts of %d MoE layer(s)", len(state["layers"]))
         return len(state["layers"])
@@ -174,32 +168,20 @@ def _merge(parts: list[dict]) -> dict[int, np.ndarray]:
 
 
 def patch_async_llm() -> None:
-    """In the API server process: finished outputs of ``AsyncLLM.generate`` get ``routed_experts``
-    from the workers' capture (see the module docstring). Version-checked in ``_patches``."""
-    from megatron_apriel._patches import check_vllm_version
-    from vllm.v1.engine.async_llm import AsyncLLM
+    """In the API server process: finished outputs get ``routed_experts`` from the workers' capture
+    (see the module docstring), through ``_patches.hook_finished_generations``."""
+    from megatron_apriel._patches import hook_finished_generations
 
-    check_vllm_version()
-    if getattr(AsyncLLM.generate, "_apriel_routed_experts", False):
-        return
-    original = AsyncLLM.generate
-    installed: dict[int, bool] = {}
+    async def capture(engine) -> None:
+        await engine.collective_rpc("apriel_capture_routing")
 
-    async def generate(self, prompt, sampling_params, request_id, *args, **kwargs):
-        if not installed.get(id(self)):
-            await self.collective_rpc("apriel_capture_routing")
-            installed[id(self)] = True
-        async for output in original(self, prompt, sampling_params, request_id, *args, **kwargs):
-            if output.finished:
-                rows = _merge(await self.collective_rpc("apriel_take_routing", args=(request_id,)))
-                for completion in output.outputs:
-                    found: Optional[np.ndarray] = rows.get(completion.index)
-                    if found is None:
-                        raise RuntimeError(f"no routed experts were captured for sample {completion.index} of "
-                                           f"request {request_id}.")
-                    completion.routed_experts = found
-            yield output
+    async def attach(engine, request_id: str, output) -> None:
+        rows = _merge(await engine.collective_rpc("apriel_take_routing", args=(request_id,)))
+        for completion in output.outputs:
+            found: Optional[np.ndarray] = rows.get(completion.index)
+            if found is None:
+                raise RuntimeError(f"no routed experts were captured for sample {completion.index} of "
+                                   f"request {request_id}.")
+            completion.routed_experts = found
 
-    generate._apriel_routed_experts = True
-    AsyncLLM.generate = generate
-
+    hook_finished_generations(capture, attach)

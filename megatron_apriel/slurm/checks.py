@@ -87,7 +87,8 @@ def partition_problems(partition: Optional[str], nodes_needed: int, query: Query
     """The partition exists (or there is a default one) and holds ``nodes_needed`` nodes."""
     out = query(["sinfo", "-h", "-o", "%P %D"])
     if out is None:
-        return ["sinfo is not available or failed: run apriel-submit on a login node of the cluster (or use --dry-run)."]
+        return ["sinfo is not available or failed: run apriel-submit on a login node of the cluster "
+                "(or use --dry-run)."]
     sizes: dict[str, int] = {}
     default = None
     for line in out.split("\n"):
@@ -171,7 +172,8 @@ def node_problems(partition: Optional[str], layout, *, hetjob: bool, cpus_per_ta
         if len(fit) >= count:
             continue
         if not any(g >= layout.gpus_per_node for _, g in nodes.values()):
-            fix = f"set slurm.gpus_per_node to what the nodes have, or choose a partition with {layout.gpus_per_node}-GPU nodes"
+            fix = (f"set slurm.gpus_per_node to what the nodes have, or choose a partition with "
+                   f"{layout.gpus_per_node}-GPU nodes")
         else:
             fix = f"lower {knob} (or slurm.cpus_per_task), or choose a partition with larger nodes"
         found.append(f"{what} needs {count} node(s) with {tasks * cpt} CPUs ({tasks} task(s) x {cpt} CPU) and "

@@ -52,7 +52,8 @@ class SlurmConfig:
     sbatch_args: list[str] = field(default_factory=list)
     """Extra #SBATCH options for every component, e.g. [--constraint=h100, --reservation=rl]."""
     srun_args: list[str] = field(default_factory=list)
-    """Extra options for every srun, e.g. containers: [--container-image=/img/apriel.sqsh, --container-mounts=/shared]."""
+    """Extra options for every srun, e.g. containers:
+    [--container-image=/img/apriel.sqsh, --container-mounts=/shared]."""
     exclusive: bool = True
     """Whole nodes (#SBATCH --exclusive): the job's ports and GPUs are its own."""
 
@@ -68,4 +69,5 @@ class SlurmConfig:
         if self.signal_s < 0 or self.max_requeues < 0 or self.stop_grace_s < 1:
             raise ValueError("slurm.signal_s and max_requeues must be >= 0 and slurm.stop_grace_s >= 1.")
         if self.port_base and not 1024 <= self.port_base <= 65000:
-            raise ValueError(f"slurm.port_base={self.port_base}: use 0 (derived from the job id) or a port in 1024..65000.")
+            raise ValueError(f"slurm.port_base={self.port_base}: use 0 (derived from the job id) or a port in "
+                             "1024..65000.")

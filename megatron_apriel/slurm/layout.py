@@ -65,7 +65,8 @@ def job_layout(run: RunConfig) -> JobLayout:
         per_node = s.servers_per_node or s.gpus_per_node // vllm_tp
         if per_node * vllm_tp > s.gpus_per_node:
             raise ValueError(f"slurm.servers_per_node={per_node} servers x --tensor-parallel-size {vllm_tp} need "
-                             f"{per_node * vllm_tp} GPUs per node, the nodes have {s.gpus_per_node}; lower one of them.")
+                             f"{per_node * vllm_tp} GPUs per node, the nodes have {s.gpus_per_node}; "
+                             "lower one of them.")
     else:
         per_node = s.servers_per_node
     if run.fleet.num_servers % per_node:
@@ -84,14 +85,15 @@ def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int
     config's trainer and fleet sizes; a ValueError that says which side to change. Independent of
     ``slurm.*``, so a job submitted by hand needs only its resources and APRIEL_* variables right."""
     _check_run(run)
-    l = run.launch
-    if (train_nodes, train_tasks_per_node) != (l.nnodes, l.nproc_per_node) or \
+    launch = run.launch
+    if (train_nodes, train_tasks_per_node) != (launch.nnodes, launch.nproc_per_node) or \
             rollout_nodes * servers_per_node != run.fleet.num_servers:
         raise ValueError(
             f"this job has {train_nodes} trainer node(s) x {train_tasks_per_node} rank(s) and {rollout_nodes} rollout "
-            f"node(s) x {servers_per_node} server(s); the config has launch.nnodes={l.nnodes} x launch.nproc_per_node="
-            f"{l.nproc_per_node} trainer ranks and fleet.num_servers={run.fleet.num_servers}. Submit with apriel-submit, "
-            "or make the sbatch resources and the APRIEL_* variables match the config."
+            f"node(s) x {servers_per_node} server(s); the config has launch.nnodes={launch.nnodes} x "
+            f"launch.nproc_per_node={launch.nproc_per_node} trainer ranks and "
+            f"fleet.num_servers={run.fleet.num_servers}. Submit with apriel-submit, or make the sbatch resources "
+            "and the APRIEL_* variables match the config."
         )
     ParallelDims.resolve(run.parallel, train_nodes * train_tasks_per_node)
     return JobLayout(train_nodes, train_tasks_per_node, rollout_nodes, servers_per_node, run.slurm.gpus_per_node,

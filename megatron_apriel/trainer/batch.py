@@ -105,7 +105,8 @@ def _per_seq(samples: list[TrainSample]) -> dict:
     }
 
 
-def padded_microbatches(samples: list[TrainSample], ids: list[int], micro_batch_size: int, seq_len: int) -> list[MicroBatch]:
+def padded_microbatches(samples: list[TrainSample], ids: list[int], micro_batch_size: int,
+                        seq_len: int) -> list[MicroBatch]:
     """Right-padded ``[micro_batch_size, seq_len]`` micro-batches (the last may be smaller)."""
     too_long = [len(s.tokens) for s in samples if len(s.tokens) > seq_len]
     if too_long:

@@ -98,7 +98,7 @@ def _zero_padding(node) -> None:
             _zero_padding(item)
 
 
-def save_checkpoint(root: Path, step: int, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,
+def save_checkpoint(root: Path, step: int, *, chunks, optimizer, scheduler, ctx: ParallelContext, extra: dict,
                     arch: ModelArch, keep_last: int = 0) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint directory."""
     from megatron.core import dist_checkpointing
@@ -199,13 +199,14 @@ def _restore_adam_step(optimizer, loaded: dict) -> None:
 
 
 @torch.no_grad()  # in fp32 the optimizer's main params are views of the (grad-requiring) weights
-def load_checkpoint(path: Path, chunks, optimizer, scheduler, ctx: ParallelContext) -> dict:
+def load_checkpoint(path: Path, *, chunks, optimizer, scheduler, ctx: ParallelContext) -> dict:
     """Collective. Restores model, optimizer, scheduler and (same world size) RNG; returns state.json."""
     from megatron.core import dist_checkpointing
 
     state = json.loads((path / "state.json").read_text())
     if state.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has checkpoint format {state.get('format_version')}, this version reads {FORMAT_VERSION}.")
+        raise ValueError(f"{path} has checkpoint format {state.get('format_version')}, "
+                         f"this version reads {FORMAT_VERSION}.")
     _materialize_adam_state(optimizer)
     loaded = dist_checkpointing.load(_sharded(chunks, optimizer, loading=True), str(path / "dist"))
     chunks[0].module.load_state_dict(loaded["model"])
@@ -250,7 +251,8 @@ def load_hf_weights(hf_path: str, chunks, arch: ModelArch, ctx: ParallelContext)
     size = sum((reader.path / f).stat().st_size for f in set(reader.files.values()))
     if size > HF_DIRECT_LOAD_LIMIT_BYTES:
         raise ValueError(f"{hf_path} holds {size / 2**30:.1f} GiB: convert it once with `apriel-convert hf-to-mcore "
-                         f"--hf {hf_path} --out CKPT --tp {ctx.dims.tp} --pp {ctx.dims.pp}` and set checkpoint.load=CKPT.")
+                         f"--hf {hf_path} --out CKPT --tp {ctx.dims.tp} --pp {ctx.dims.pp}` and set "
+                         "checkpoint.load=CKPT.")
     layout = detect_layout(reader.files.keys(), reader.config)
     plain = {layout.to_plain(k): k for k in reader.files}
     with reader:

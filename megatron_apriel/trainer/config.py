@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron_apriel.choices import LossKind, check_choice, choices
 
 LOGPROB_CHUNK_TOKENS = 2048
 """Default of ``trainer.logprob_chunk_tokens``: at Apriel's 131K vocabulary, ~1 GiB per fp32
@@ -36,7 +37,7 @@ class TrainerConfig:
                              f"{self.logprob_chunk_tokens}.")
 
 
-LOSS_KINDS = ("gspo", "gspo_token", "grpo")
+LOSS_KINDS = choices(LossKind)
 
 
 @dataclass(kw_only=True)
@@ -58,10 +59,10 @@ class LossConfig:
     """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in LOSS_KINDS:
-            raise ValueError(f"loss.kind must be one of {LOSS_KINDS}, got {self.kind!r}.")
+        check_choice("loss.kind", self.kind, LossKind)
         if not (0 <= self.eps_low < 1) or self.eps_high < 0:
-            raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, got {self.eps_low}, {self.eps_high}.")
+            raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, "
+                             f"got {self.eps_low}, {self.eps_high}.")
         if self.seq_weighting not in ("length", "equal"):
             raise ValueError(f"loss.seq_weighting must be length or equal, got {self.seq_weighting!r}.")
         if self.aggregation not in ("token_mean", "seq_mean_token_mean"):

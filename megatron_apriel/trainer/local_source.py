@@ -45,8 +45,9 @@ class LocalRolloutSource:
             raise ValueError("rollout.source=local samples token by token, which sequence parallelism cannot split: "
                              "set parallel.sequence_parallel=false.")
         if ctx.dims.ep > 1 and cfg.groups_per_step % ctx.dims.dp:
-            raise ValueError(f"with parallel.ep={ctx.dims.ep} every data-parallel rank runs the same number of forwards "
-                             f"(they exchange tokens): set rollout.groups_per_step to a multiple of dp={ctx.dims.dp}.")
+            raise ValueError(f"with parallel.ep={ctx.dims.ep} every data-parallel rank runs the same number of "
+                             f"forwards (they exchange tokens): set rollout.groups_per_step to a multiple of "
+                             f"dp={ctx.dims.dp}.")
         self.cfg, self.model, self.ctx = cfg, model, ctx
         self.vocab_size, self.sampling = vocab_size, sampling
         self.rewards = rewards
@@ -67,7 +68,8 @@ class LocalRolloutSource:
         tokens = torch.tensor(prompt).repeat(self.cfg.group_size, 1)
         logps = []
         for _ in range(self.sampling.max_tokens):
-            logp_all = torch.log_softmax(self._next_token_logits(tokens.to(self.ctx.device)) / self.sampling.temperature, -1)
+            logp_all = torch.log_softmax(
+                self._next_token_logits(tokens.to(self.ctx.device)) / self.sampling.temperature, -1)
             nxt = torch.multinomial(logp_all.exp(), 1, generator=gen)  # [G, 1]
             logps.append(logp_all.gather(-1, nxt))
             tokens = torch.cat([tokens, nxt], dim=1)
@@ -96,7 +98,8 @@ class LocalRolloutSource:
             group_rewards = [lower_half_reward(t[len(prompt):].tolist(), self.vocab_size) for t in tokens]
             rewards += group_rewards
             adv = group_advantages(group_rewards, mode=self.rewards.advantage_mode, eps=self.rewards.advantage_eps)
-            if self.rewards.filter_zero_advantage_groups and is_zero_advantage_group(adv, self.rewards.zero_advantage_tol):
+            if self.rewards.filter_zero_advantage_groups and \
+                    is_zero_advantage_group(adv, self.rewards.zero_advantage_tol):
                 continue
             kept += 1
             samples += [TrainSample(t.tolist(), len(prompt), lp.tolist(), float(a), group=index)

@@ -64,7 +64,8 @@ class _VocabParallelLogProb(torch.autograd.Function):
         # d logp / d x_v = 1[v == target] - p_v, then the 1/temperature of the scaling
         grad = p.neg_()
         onehot_rows = grad.gather(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1))
-        grad.scatter_(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1), onehot_rows + in_range.unsqueeze(-1).to(grad.dtype))
+        grad.scatter_(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1),
+                      onehot_rows + in_range.unsqueeze(-1).to(grad.dtype))
         grad.mul_((grad_logp / ctx.temperature).unsqueeze(-1))
         return grad.to(ctx.logits_dtype), None, None, None, None, None
 

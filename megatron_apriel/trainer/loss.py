@@ -95,7 +95,8 @@ def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
         obj_S, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     else:  # gspo_token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], averaged over the sequence's tokens
         log_s_N = inp.logp_N - inp.logp_N.detach() + log_s_S.detach()[inp.seq_N.clamp(0, n_seq - 1)]
-        obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low, cfg.eps_high)
+        obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low,
+                                      cfg.eps_high)
         obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)
         s_S = log_s_S.detach().exp()
         _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
@@ -121,6 +122,10 @@ def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
     live = inp.mask_N & (keep_S[seq] > 0)
     stats = {"ratio": ratio_N.detach()[live], "clipped": clipped_N[live]}
     return loss_sum, count, stats
+
+
+METRIC_REDUCTIONS = {"ratio_min": "min", "ratio_max": "max", "drift_abs_max": "max"}
+"""How the loss's raw metrics combine over micro-batches and ranks: these as named, the rest summed."""
 
 
 def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:

@@ -149,7 +149,8 @@ class StreamSource:
             if self.replay:
                 raise ValueError(f"the replayed stream {self.root} ran out at step {step} ({len(st.taken)} of "
                                  f"{self.cfg.groups_per_step} groups, {self.reader.cursor} read): lower "
-                                 "trainer.steps, or check rollout.max_lag and groups_per_step against the recorded run.")
+                                 "trainer.steps, or check rollout.max_lag and groups_per_step against the "
+                                 "recorded run.")
             self._publish(step, len(st.taken))  # the actor may admit what this step still needs
             return None
         self._filling = None
@@ -188,7 +189,8 @@ class StreamSource:
                  wait_s: float) -> dict:
         """Rollout metrics over every group read this step (what the policy did, filtered groups
         included), and the lag and mix of the groups trained."""
-        m: dict[str, float] = {f"rollout/groups_{k}": float(skipped[k]) for k in ("filtered", "verifier_error", "stale")}
+        m: dict[str, float] = {f"rollout/groups_{k}": float(skipped[k])
+                               for k in ("filtered", "verifier_error", "stale")}
         m["rollout/groups_read"] = float(len(read))
         by_domain: dict[str, list] = defaultdict(list)
         for g in read:

@@ -10,12 +10,12 @@ import torch.distributed as dist
 
 from megatron_apriel.model.head import emitting_hidden, head_in_fp32, head_weight
 from megatron_apriel.model.routing import StageRouting, routing_metrics
-from megatron_apriel.parallel.collectives import any_rank, sum_over_world
+from megatron_apriel.parallel.collectives import any_rank, reduce_metrics, sum_over_world
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS, LossConfig
 from megatron_apriel.trainer.logprobs import chunked_head_logprobs, vocab_parallel_logprobs
-from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
+from megatron_apriel.trainer.loss import METRIC_REDUCTIONS, LossInputs, finalize_metrics, policy_loss
 
 
 def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None, ctx: Optional[ParallelContext] = None,
@@ -91,25 +91,6 @@ def _schedule(chunks, ctx: ParallelContext):
     return partial(get_forward_backward_func(pp_size=ctx.dims.pp, vp_size=None), **kwargs)
 
 
-def reduce_metrics(per_microbatch: list[dict], ctx: ParallelContext) -> dict:
-    """Sum (or min/max) over micro-batches, then over data- and context-parallel ranks. Last stage only."""
-    keys = sorted(per_microbatch[0])
-    out = {}
-    for op, pick in ((dist.ReduceOp.SUM, lambda k: not k.endswith(("_min", "_max"))),
-                     (dist.ReduceOp.MIN, lambda k: k.endswith("_min")),
-                     (dist.ReduceOp.MAX, lambda k: k.endswith("_max"))):
-        names = [k for k in keys if pick(k)]
-        if not names:
-            continue
-        stacked = torch.stack([torch.stack([m[k].float() for k in names]) for m in per_microbatch])
-        local = {dist.ReduceOp.SUM: stacked.sum(0), dist.ReduceOp.MIN: stacked.min(0).values,
-                 dist.ReduceOp.MAX: stacked.max(0).values}[op]
-        if ctx.dims.dp * ctx.dims.cp > 1:  # CP ranks hold parts of the same sequences: their sums add up
-            dist.all_reduce(local, op=op, group=ctx.pgs.dp_cp)
-        out.update({k: float(v) for k, v in zip(names, local.tolist())})
-    return out
-
-
 class NonFiniteError(FloatingPointError):
     """A loss or gradient was NaN/Inf: the step was not applied (``microbatches``: where, if known)."""
 
@@ -118,8 +99,8 @@ class NonFiniteError(FloatingPointError):
         self.what, self.microbatches = what, microbatches
 
 
-def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx: ParallelContext,
-               cfg: LossConfig, vocab_size: int, routing: Optional[StageRouting] = None, *,
+def train_step(chunks, microbatches: list[MicroBatch], *, optimizer, scheduler, ctx: ParallelContext,
+               cfg: LossConfig, vocab_size: int, routing: Optional[StageRouting] = None,
                logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> dict:
     """Forward/backward all micro-batches, reduce gradients, clip, step. Returns logged metrics
     (complete on the last pipeline stage; ``{}``-like on the others, plus the grad norm).
@@ -152,15 +133,17 @@ def train_step(chunks, optimizer, scheduler, microbatches: list[MicroBatch], ctx
     if routing is not None:
         metrics.update(routing_metrics(sum_over_world(routing.take_counts()), chunks[0].config.moe_router_topk))
     if ctx.is_last_stage:
-        totals = reduce_metrics(per_mb, ctx)
+        # CP ranks hold parts of the same sequences: their sums add up like DP ranks'
+        group = ctx.pgs.dp_cp if ctx.dims.dp * ctx.dims.cp > 1 else None
+        totals = reduce_metrics(per_mb, METRIC_REDUCTIONS, group)
         metrics.update(finalize_metrics(totals))
         metrics["train/loss"] = totals["loss_sum"] / max(totals["count"], 1.0)
     return metrics
 
 
 @torch.no_grad()
-def forward_logprobs(chunks, microbatches: list[MicroBatch], ctx: ParallelContext, vocab_size: int,
-                     temperature: float, routing: Optional[StageRouting] = None, *,
+def forward_logprobs(chunks, microbatches: list[MicroBatch], *, ctx: ParallelContext, vocab_size: int,
+                     temperature: float, routing: Optional[StageRouting] = None,
                      logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> list[torch.Tensor]:
     """Per-token log-probs ``[b, S]`` of each micro-batch (last stage; empty list elsewhere), at the
     loss positions (every position with ``logprob_chunk_tokens=0``)."""

@@ -21,12 +21,18 @@ from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.rollout.types import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, cp_shard, packed_microbatches, padded_microbatches
-from megatron_apriel.trainer.checkpoint import (latest_checkpoint, load_checkpoint, load_hf_weights, load_model_weights,
-                                               save_checkpoint, step_dir)
+from megatron_apriel.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_hf_weights,
+    load_model_weights,
+    save_checkpoint,
+    step_dir,
+)
+from megatron_apriel.trainer.source import RolloutSource
 from megatron_apriel.trainer.step import NonFiniteError, train_step
 
 log = logging.getLogger("megatron_apriel")
@@ -69,7 +75,8 @@ class Trainer:
         serves), else the random init of an inline ``model.arch``."""
         latest = latest_checkpoint(self.ckpt_root) if self.cfg.checkpoint.resume else None
         if latest is not None:
-            state = load_checkpoint(latest, self.chunks, self.optimizer, self.scheduler, self.ctx)
+            state = load_checkpoint(latest, chunks=self.chunks, optimizer=self.optimizer, scheduler=self.scheduler,
+                                    ctx=self.ctx)
             self.step = state["step"]
             self.source.load_state_dict(state["source"])
             log.info("resumed from %s at step %d", latest, self.step)
@@ -82,8 +89,9 @@ class Trainer:
 
     def save(self) -> None:
         t0 = time.perf_counter()
-        path = save_checkpoint(self.ckpt_root, self.step, self.chunks, self.optimizer, self.scheduler, self.ctx,
-                               {"source": self.source.state_dict()}, self.arch, keep_last=self.cfg.checkpoint.keep_last)
+        path = save_checkpoint(self.ckpt_root, self.step, chunks=self.chunks, optimizer=self.optimizer,
+                               scheduler=self.scheduler, ctx=self.ctx, extra={"source": self.source.state_dict()},
+                               arch=self.arch, keep_last=self.cfg.checkpoint.keep_last)
         self._save_s = time.perf_counter() - t0
         log.info("saved %s in %.1fs", path, self._save_s)
         self._write_stop_cost(path)
@@ -108,8 +116,8 @@ class Trainer:
     def train_once(self, samples: list[TrainSample]) -> dict[str, float]:
         mbs = self.microbatches(samples)
         try:
-            return train_step(self.chunks, self.optimizer, self.scheduler, mbs, self.ctx, self.cfg.loss,
-                              self.arch.vocab_size, self.routing,
+            return train_step(self.chunks, mbs, optimizer=self.optimizer, scheduler=self.scheduler, ctx=self.ctx,
+                              cfg=self.cfg.loss, vocab_size=self.arch.vocab_size, routing=self.routing,
                               logprob_chunk_tokens=self.cfg.trainer.logprob_chunk_tokens)
         except NonFiniteError as err:
             where = err.microbatches or range(len(mbs))

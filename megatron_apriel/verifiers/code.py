@@ -22,8 +22,14 @@ import re
 from typing import Any, Protocol
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response, failed,
-                                            strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 from megatron_apriel.verifiers.config import CodeVerifierConfig
 from megatron_apriel.verifiers.sandbox import LocalSandbox, RunResult
 from megatron_apriel.verifiers.sandbox_fusion import SandboxFusionRunner

@@ -48,8 +48,14 @@ import re
 from typing import Any
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 
 _TOOL_CALLS = re.compile(r"<tool_calls>(.*?)</tool_calls>", re.DOTALL)
 _STANDARDISE = re.compile(r"[ ,./\-_*^]")

@@ -20,8 +20,14 @@ from if_verifiable.common import evaluate_instructions
 from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 
 SUPPORTED_INSTRUCTIONS: frozenset[str] = frozenset(INSTRUCTION_DICT)
 

@@ -22,8 +22,14 @@ from typing import Any
 import reasoning_gym
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 from megatron_apriel.verifiers.math import last_boxed
 
 REASONING_GYM_TASKS: tuple[str, ...] = (

@@ -13,8 +13,14 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response, failed,
-                                            strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 from megatron_apriel.verifiers.config import MathVerifierConfig
 
 _BOXED = ("\\boxed{", "\\fbox{")

@@ -28,8 +28,14 @@ import re
 import string
 
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, VerifierResult, correct, extract_final_response,
-                                            failed, strip_reasoning)
+from megatron_apriel.verifiers.base import (
+    Outcome,
+    VerifierResult,
+    correct,
+    extract_final_response,
+    failed,
+    strip_reasoning,
+)
 from megatron_apriel.verifiers.math import last_boxed
 
 LETTERS = string.ascii_uppercase
@@ -72,7 +78,8 @@ class MultipleChoiceVerifier:
     def verify(self, problem: Problem, completion: str) -> VerifierResult:
         ref = problem.reference
         if not isinstance(ref, dict) or not isinstance(ref.get("choices"), list) or len(ref["choices"]) < 2:
-            raise ValueError(f"multiple-choice problem {problem.id}: reference needs 'choices', a list of >= 2 options.")
+            raise ValueError(f"multiple-choice problem {problem.id}: reference needs 'choices', "
+                             "a list of >= 2 options.")
         valid = LETTERS[: len(ref["choices"])]
         if ref.get("answer") not in tuple(valid):
             raise ValueError(f"multiple-choice problem {problem.id}: reference 'answer' must be one of {list(valid)}, "

@@ -21,14 +21,14 @@ from typing import Mapping, Optional
 
 from megatron_apriel.lifetime import die_with_parent
 from megatron_apriel.rollout.types import Problem
-from megatron_apriel.verifiers.base import (Outcome, Verifier, VerifierResult, extract_final_response,
-                                            run_verifier)
+from megatron_apriel.verifiers.base import Outcome, Verifier, VerifierResult, extract_final_response, run_verifier
 from megatron_apriel.verifiers.code import CodeVerifier
 from megatron_apriel.verifiers.config import VerifiersConfig
 from megatron_apriel.verifiers.function_calling import FunctionCallingVerifier
 from megatron_apriel.verifiers.ifeval import IFEvalVerifier
 from megatron_apriel.verifiers.logic import LogicVerifier
 from megatron_apriel.verifiers.math import MathVerifier
+
 
 def build_verifiers(settings: VerifiersConfig) -> Mapping[str, Verifier]:
     """One verifier per domain, with ``settings`` (read-only)."""

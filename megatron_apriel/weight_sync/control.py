@@ -14,8 +14,13 @@ from typing import Optional
 
 import httpx
 
-from megatron_apriel.weight_sync.protocol import (TransferInit, UpdateRequest, UpdateResult, parse_version_label,
-                                                  version_label)
+from megatron_apriel.weight_sync.protocol import (
+    TransferInit,
+    UpdateRequest,
+    UpdateResult,
+    parse_version_label,
+    version_label,
+)
 
 
 class ServerError(RuntimeError):

@@ -57,10 +57,10 @@ class DeviceStaging:
 
 
 def device_tensors(inboxes: list, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """A GPU receiver's apply (``inboxes``: the stages' ``stream.StageInbox``): every staged bucket's tensors on ``device``, bucket k+1 copied up on
-    a side stream while the model loads bucket k. Each bucket gets a fresh device buffer (the
-    caching allocator reuses memory), since vLLM's layerwise reload may hold tensors until their
-    layer is complete."""
+    """A GPU receiver's apply (``inboxes``: the stages' ``stream.StageInbox``): every staged
+    bucket's tensors on ``device``, bucket k+1 copied up on a side stream while the model loads
+    bucket k. Each bucket gets a fresh device buffer (the caching allocator reuses memory), since
+    vLLM's layerwise reload may hold tensors until their layer is complete."""
     items = [(layout, host) for inbox in inboxes for layout, host in zip(inbox.plan.buckets, inbox.wires)]
     stream = torch.cuda.Stream(device)
     current = torch.cuda.current_stream(device)

@@ -18,10 +18,12 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from megatron_apriel.choices import WireDtype, choices
+
 PROTOCOL_VERSION = 2
 """2: direct buckets (a tensor sent from its own memory) and one checksum table per stage after its
 buckets (1 had an 8-byte checksum trailer on each bucket)."""
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = choices(WireDtype)
 ChecksumAlgo = Literal["sum64", "crc32"]
 """sum64: position-weighted 64-bit word sums, on the buffer's own device (host: numpy; GPU:
 torch, no copy to the host). crc32: zlib over host bytes, stronger and slower (CPU buffers only)."""
@@ -66,7 +68,7 @@ class TensorSlot(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
-    dtype: Literal["float32", "bfloat16", "float16"]
+    dtype: WireDtype
     shape: list[int]
     offset: int = Field(ge=0)
     """Byte offset inside the bucket (aligned, so the slice can be viewed as ``dtype``)."""

@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from megatron_apriel.serving.routed_experts import RoutedExpertsCapture
-from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
 from megatron_apriel.weight_sync.device_staging import device_tensors
+from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
 from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
 
@@ -112,7 +111,8 @@ class AprielWeightTransferEngine(WeightTransferEngine):
             raise ValueError(f"trainer asked for {init_info.backend} groups, this server runs {self.pg_backend}.")
         from vllm.distributed.parallel_state import get_world_group
 
-        worker = self.parallel_config.data_parallel_index * self.parallel_config.world_size + get_world_group().rank_in_group
+        worker = (self.parallel_config.data_parallel_index * self.parallel_config.world_size
+                  + get_world_group().rank_in_group)
         rank = init_info.rank_offset + worker
         self.shutdown()
         self.groups = [join_stage_group(ep, rank, init_info.world_size, self.pg_backend, init_info.timeout_s,
@@ -124,7 +124,8 @@ class AprielWeightTransferEngine(WeightTransferEngine):
         if self.init is None:
             raise RuntimeError("start_weight_update before init_weight_transfer_engine.")
         if self._broken:
-            raise RuntimeError(f"weight-sync groups are out of step ({self._broken}); re-run init_weight_transfer_engine.")
+            raise RuntimeError(f"weight-sync groups are out of step ({self._broken}); "
+                               "re-run init_weight_transfer_engine.")
         self._started_at = time.perf_counter()
         log.info("weight update: receiving on %d stage group(s)", len(self.groups))
         self._pool = ThreadPoolExecutor(max_workers=2 * len(self.groups), thread_name_prefix="apriel-recv")
@@ -172,7 +173,8 @@ class AprielWeightTransferEngine(WeightTransferEngine):
             missing = sorted(set(self.expected) - set(shapes))[:5]
             extra = sorted(set(shapes) - set(self.expected))[:5]
             wrong = sorted(k for k in set(shapes) & set(self.expected) if shapes[k] != self.expected[k])[:5]
-            return f"tensors do not match the served checkpoint: missing {missing}, unknown {extra}, wrong shape {wrong}"
+            return (f"tensors do not match the served checkpoint: missing {missing}, unknown {extra}, "
+                    f"wrong shape {wrong}")
         return None
 
     def update_weights(self, update_info) -> None:

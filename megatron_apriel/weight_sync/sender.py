@@ -2,7 +2,8 @@
 
 Call on every trainer rank (never imports vLLM)::
 
-    sender = WeightSender(WeightSyncConfig(), members, model, ctx, vocab_size, to_hf)
+    sender = WeightSender(WeightSyncConfig(), members=members, model=model, ctx=ctx, vocab_size=vocab_size,
+                          to_hf=to_hf)
     report = sender.push(version=step)    # after each optimizer step (or every k steps)
 
 ``members`` is the fleet: a list of server URLs, or a function returning ``(url, instance)``
@@ -81,7 +82,7 @@ def live_members(members: list[Member], probes: dict[str, Probe], connected: lis
 
 
 class WeightSender:
-    def __init__(self, cfg: WeightSyncConfig, members: Members, model, ctx: ParallelContext, vocab_size: int,
+    def __init__(self, cfg: WeightSyncConfig, *, members: Members, model, ctx: ParallelContext, vocab_size: int,
                  to_hf: ToHF, on_bucket: Optional[BucketHook] = None,
                  should_stop: Callable[[], bool] = lambda: False):
         """``should_stop``: the coordinator's stop request; a wait for the fleet ends with

@@ -28,8 +28,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from megatron_apriel.model.state import (VOCAB_PARAMS, expert_offset, global_name, is_expert_param, is_glu_fc1,
-                                         is_tp_sharded, layer_offset, local_params, unshard)
+from megatron_apriel.model.state import (
+    VOCAB_PARAMS,
+    expert_offset,
+    global_name,
+    is_expert_param,
+    is_glu_fc1,
+    is_tp_sharded,
+    layer_offset,
+    local_params,
+    unshard,
+)
 from megatron_apriel.parallel.groups import ParallelContext
 
 ToHF = Callable[[dict[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]

@@ -109,8 +109,8 @@ class _StageSender:
 
     def _next(self, layout: BucketLayout) -> None:
         if layout.index != self.next_index:
-            raise RuntimeError(f"bucket {layout.index} is complete before bucket {self.next_index}; the stage's tensors "
-                               "come in another order than its plan.")
+            raise RuntimeError(f"bucket {layout.index} is complete before bucket {self.next_index}; the stage's "
+                               "tensors come in another order than its plan.")
         self.next_index += 1
 
     def _send(self, layout: BucketLayout, data: torch.Tensor) -> int:

@@ -92,15 +92,16 @@ def run_layout(arch: ModelArch, tp: int, pp: int, ep: int, packed: bool, replay:
         mbs = [cp_shard(mb, cp, ctx.cp_rank) for mb in packed_microbatches(mine, ids, SEQ_LEN, align=align)]
     else:
         mbs = padded_microbatches(mine, ids, 2, SEQ_LEN)
-    logp = forward_logprobs(chunks, mbs, ctx, arch.vocab_size, GSPO.temperature, routing, logprob_chunk_tokens=chunk)
+    logp = forward_logprobs(chunks, mbs, ctx=ctx, vocab_size=arch.vocab_size, temperature=GSPO.temperature,
+                            routing=routing, logprob_chunk_tokens=chunk)
     per_token = {}  # (sample, position in the row) -> log-prob: CP ranks hold different positions
     for mb, lp in zip(mbs, logp):
         where = cp_positions(mb.cu_seqlens, cp, ctx.cp_rank) if cp > 1 else torch.arange(mb.tokens.shape[1])
         for j, sid in enumerate(mb.sample_ids):
             rows, cols = (mb.loss_mask & (mb.seq == j)).nonzero(as_tuple=True)
             per_token.update({(sid, int(where[c])): lp[r, c] for r, c in zip(rows.tolist(), cols.tolist())})
-    metrics = train_step(chunks, optimizer, scheduler, mbs, ctx, GSPO, arch.vocab_size, routing,
-                         logprob_chunk_tokens=chunk)
+    metrics = train_step(chunks, mbs, optimizer=optimizer, scheduler=scheduler, ctx=ctx, cfg=GSPO,
+                         vocab_size=arch.vocab_size, routing=routing, logprob_chunk_tokens=chunk)
     full = gather_full_state_dict(model, ctx, arch.vocab_size)
     weights = StageWeights(model, ctx, arch.vocab_size, table_to_hf(arch))
     sent = {}

@@ -46,7 +46,8 @@ def measure(case: dict) -> dict:
     chunks = wrap_model(model, ctx)
     optimizer, scheduler = build_optimizer(chunks, OptimConfig(warmup_steps=0), ctx, total_steps=2)
     mine, ids = split_for_data_parallel(_samples(arch.vocab_size), ctx.dims.dp, ctx.dp_rank)
-    train_step(chunks, optimizer, scheduler, packed_microbatches(mine, ids, 24), ctx, LossConfig(), arch.vocab_size)
+    train_step(chunks, packed_microbatches(mine, ids, 24), optimizer=optimizer, scheduler=scheduler, ctx=ctx,
+               cfg=LossConfig(), vocab_size=arch.vocab_size)
     params = list(model.parameters())
     weights = _storages(params)
     grads = _storages(p.main_grad for p in params)

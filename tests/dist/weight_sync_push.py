@@ -49,7 +49,7 @@ def trainer_logprobs(model, ctx, vocab_size: int) -> list[list[float]]:
     """Log-prob of every prompt token after the first, as the trainer computes it (temperature 1)."""
     samples = [TrainSample(p, 1, [0.0] * (len(p) - 1), advantage=0.0) for p in PROMPTS]
     mbs = padded_microbatches(samples, list(range(len(samples))), len(samples), 16)
-    out = forward_logprobs([model], mbs, ctx, vocab_size, 1.0)
+    out = forward_logprobs([model], mbs, ctx=ctx, vocab_size=vocab_size, temperature=1.0)
     if not ctx.is_last_stage:
         return []
     logp, mb = out[0], mbs[0]
@@ -76,7 +76,8 @@ def main():
     sender = WeightSender(WeightSyncConfig(bucket_bytes=args.bucket_bytes, direct_bytes=args.direct_bytes,
                                            advertise_host="127.0.0.1",
                                            base_port=args.port, timeout_s=120),
-                          [args.server], model, ctx, arch.vocab_size, table_to_hf(arch))
+                          members=[args.server], model=model, ctx=ctx, vocab_size=arch.vocab_size,
+                          to_hf=table_to_hf(arch))
     sender.ensure_connected()
     rank = dist.get_rank()
     if rank == 0:

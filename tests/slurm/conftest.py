@@ -110,7 +110,8 @@ def leftovers(run: Path, job: str) -> list[str]:
             continue  # exited while we looked
         except PermissionError:
             continue  # not ours to read even as root (pid 1 of a container): not a job process either
-        if any(e.decode(errors="replace") in {f"SLURM_JOB_ID={i}" for i in ids} for e in environ) or str(run) in cmdline:
+        if any(e.decode(errors="replace") in {f"SLURM_JOB_ID={i}" for i in ids} for e in environ) \
+                or str(run) in cmdline:
             found.append(f"{proc.name} {cmdline}")
     return found
 

@@ -163,7 +163,8 @@ def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, 
                   APRIEL_OVERRIDES=f"trainer.steps={steps} checkpoint.save_every=2",
                   APRIEL_RUN_DIR=str(run), APRIEL_TRAIN_NODES="1", APRIEL_TRAIN_TASKS_PER_NODE="2",
                   APRIEL_SERVERS_PER_NODE="1", APRIEL_GPUS_PER_NODE="0",
-                  APRIEL_ENV_FILE=str(REPO / "slurm" / "cluster.env"), APRIEL_STOP_GRACE_S=str(STOP_GRACE_S), **hold_env)
+                  APRIEL_ENV_FILE=str(REPO / "slurm" / "cluster.env"), APRIEL_STOP_GRACE_S=str(STOP_GRACE_S),
+                  **hold_env)
 
     def submit(log: Path) -> str:
         proc = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2", f"--output={log}",
@@ -213,7 +214,8 @@ def assert_convert_job_matches_the_export(run: Path, steps: int) -> None:
 
     out, log = run.parent / "converted", run.parent / "convert.out"
     env = job_env(APRIEL_PYTHON=sys.executable, APRIEL_CONVERT="mcore-to-hf", APRIEL_OUT=str(out),
-                  APRIEL_SRC=str(run / "checkpoints" / f"step_{steps:08d}" / "dist"), APRIEL_HF_REFERENCE=str(run / "base"))
+                  APRIEL_SRC=str(run / "checkpoints" / f"step_{steps:08d}" / "dist"),
+                  APRIEL_HF_REFERENCE=str(run / "base"))
     proc = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(REPO / "slurm" / "convert.sbatch")],
                           capture_output=True, text=True, env=env, cwd=run.parent)
     assert proc.returncode == 0, proc.stderr

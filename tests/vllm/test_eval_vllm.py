@@ -113,7 +113,8 @@ def independent_problems(warm) -> dict[str, dict[str, Problem]]:
     trusted where checked against them)."""
     from megatron_apriel.eval.benchmarks import BenchmarkSpec, load_benchmark
 
-    out = {"aime": {f"aime-{i + 1}": Problem(id=f"aime-{i + 1}", domain="math", prompt=[{"role": "user", "content": "-"}],
+    out = {"aime": {f"aime-{i + 1}": Problem(id=f"aime-{i + 1}", domain="math",
+                                             prompt=[{"role": "user", "content": "-"}],
                                              reference=str(a + b)) for i, (a, b) in enumerate(SUMS)}}
     for name, fmt in (("gpqa_d", "gpqa"), ("mmlu_pro", "mmlu_pro"), ("lcb", "livecodebench")):
         problems = load_benchmark(BenchmarkSpec(name, fmt, warm["files"][fmt]))
@@ -297,7 +298,8 @@ def test_a_checkpoint_that_fails_to_serve_is_named_with_its_server_log(warm, tmp
     proc = run_eval(eval_cmd(warm, out, "--startup-timeout", "240", checkpoint=broken))
     assert proc.returncode == 2
     assert f"checkpoint {broken} failed to serve" in proc.stderr, proc.stderr[-3000:]
-    assert str(out / "logs" / "server_0.log") in proc.stderr and "is not a valid JSON file" in proc.stderr  # its log tail
+    # its log tail
+    assert str(out / "logs" / "server_0.log") in proc.stderr and "is not a valid JSON file" in proc.stderr
     assert (out / "manifest.json").is_file()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(broken) not in ps  # the server was stopped

@@ -10,7 +10,7 @@ import pytest
 
 from megatron_apriel.rollout.stream import StreamReader, StreamWriter
 from megatron_apriel.rollout.types import DOMAINS
-from megatron_apriel.sampling import AdaptiveDomainSampler, DOMAIN_MIX_PAPER
+from megatron_apriel.sampling import DOMAIN_MIX_PAPER, AdaptiveDomainSampler
 from tests.conftest import new_run_dir
 from tests.unit.conftest import launcher_env
 

@@ -36,7 +36,8 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180.0) -> No
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if proc.poll() is not None:
-            raise AssertionError(f"trainer exited with {proc.returncode} before {path.name}:\n{proc.stdout.read()[-4000:]}")
+            raise AssertionError(f"trainer exited with {proc.returncode} before {path.name}:\n"
+                                 f"{proc.stdout.read()[-4000:]}")
         assert time.monotonic() < deadline, f"timed out waiting for {path.name}"
         time.sleep(0.05)
 

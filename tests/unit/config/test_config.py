@@ -141,3 +141,15 @@ def test_every_preset_builds():
     for name in PRESETS:
         extra = ["model.hf_path=/m", "actor.data=[/d.jsonl]"] if name in cluster else []
         assert isinstance(to_run_config(compose_run(name, extra)), RunConfig)
+
+
+def test_each_strategy_is_declared_once():
+    """The trainer's builders cover exactly the rollout sources the config accepts, and a value
+    outside a strategy's Literal is refused with the key."""
+    from megatron_apriel.choices import RolloutSource, choices
+    from megatron_apriel.entrypoints.train import ROLLOUT_SOURCES
+    from megatron_apriel.rollout.config import RolloutConfig
+
+    assert tuple(ROLLOUT_SOURCES) == choices(RolloutSource)
+    with pytest.raises(ValueError, match=r"rollout.source must be one of \('local', 'fleet', 'replay'\), got 'vllm'"):
+        RolloutConfig(source="vllm")

@@ -55,7 +55,8 @@ def place(module: str) -> tuple[int, int]:
                 if hit and (best is None or weight > best[0]):
                     best = (weight, layer, side)
     if best is None:
-        raise AssertionError(f"megatron_apriel.{module} is in no layer: add it to the table in megatron_apriel/__init__.py")
+        raise AssertionError(f"megatron_apriel.{module} is in no layer: add it to the table in "
+                             "megatron_apriel/__init__.py")
     return best[1], best[2]
 
 
@@ -106,7 +107,8 @@ def test_no_module_imports_a_higher_layer_or_another_side():
 
 
 def test_no_entry_point_imports_another():
-    found = {(m, t) for m in LIBRARY if m.startswith("entrypoints.") for t in imports(m) if t.startswith("entrypoints.")}
+    found = {(m, t) for m in LIBRARY if m.startswith("entrypoints.")
+             for t in imports(m) if t.startswith("entrypoints.")}
     assert found == set(), "entry points share code through the layers below them, not with each other"
 
 

@@ -25,8 +25,16 @@ TOKENS = [[3, 17, 101, 249, 0, 42, 7, 199, 64, 128, 5, 77], [1, 2, 3, 4, 5, 6, 7
 
 
 def _hf_models():
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     return {  # name: (model class, config, tp used for hf-to-mcore)
         # GQA 4:1, head_dim 12 != 64/8, untied, vocab 250 (not a multiple of 128 * tp)
@@ -97,7 +105,8 @@ def test_hf_to_mcore_to_hf_is_bit_identical_with_reference_files(models, name):
     mcore_to_hf(m["mcore"], back, hf_reference=m["hf"], max_shard_bytes=64 * 1024, progress=False)
     _assert_identical(_tensors(m["hf"]), _tensors(back))
     index = json.loads((back / "model.safetensors.index.json").read_text())
-    assert set(index["weight_map"].values()) == {f.name for f in back.glob("*.safetensors")} and len(index["weight_map"]) > 1
+    assert set(index["weight_map"].values()) == {f.name for f in back.glob("*.safetensors")} \
+        and len(index["weight_map"]) > 1
     for f in ("config.json", "generation_config.json", "tokenizer.json"):
         assert (back / f).read_bytes() == (m["hf"] / f).read_bytes(), f
     assert not list(back.parent.glob(f".{back.name}*")), "scratch directories left behind"
@@ -122,7 +131,8 @@ def _write_llava(src: Path, dst: Path, layout: str) -> dict:
     renamed = {(head + k[len("lm_head."):]) if k.startswith("lm_head.") else body + k[len("model."):]: v
                for k, v in text.items()}
     g = torch.Generator().manual_seed(7)
-    extra = {vision + "vision_tower.transformer.layers.0.attention.q_proj.weight": torch.randn(16, 16, generator=g).bfloat16(),
+    extra = {vision + "vision_tower.transformer.layers.0.attention.q_proj.weight":
+             torch.randn(16, 16, generator=g).bfloat16(),
              vision + "multi_modal_projector.linear_1.weight": torch.randn(64, 16, generator=g),
              vision + "vision_tower.ln_pre.weight": torch.randn(16, generator=g).half()}
     dst.mkdir()
@@ -147,7 +157,8 @@ def test_llava_round_trip_carries_vision_tensors_and_keeps_key_layout(models, la
     original = _write_llava(models["mistral"]["hf"], src, layout)
     assert main(["hf-to-mcore", "--hf", str(src), "--out", str(tmp_path / "mc"), "--tp", "2", "--no-progress"]) == 0
     meta = json.loads((tmp_path / "mc" / "apriel_model.json").read_text())
-    assert meta["arch"]["family"] == "mistral" and meta["source"]["layout"] == {"legacy": "llava_legacy", "new": "llava"}[layout]
+    assert meta["arch"]["family"] == "mistral" \
+        and meta["source"]["layout"] == {"legacy": "llava_legacy", "new": "llava"}[layout]
     assert main(["mcore-to-hf", "--mcore", str(tmp_path / "mc"), "--out", str(tmp_path / "back"),
                  "--hf-reference", str(src), "--no-progress"]) == 0
     _assert_identical(original, _tensors(tmp_path / "back"))

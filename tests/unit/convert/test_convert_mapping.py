@@ -4,8 +4,16 @@ import pytest
 import torch
 
 from megatron_apriel.convert import transforms as T
-from megatron_apriel.convert.mapping import (LAYOUTS, canonical_row_pieces, canonical_to_hf, detect_layout, expected_hf_shapes,
-                                             hf_to_canonical, mappings, megatron_names)
+from megatron_apriel.convert.mapping import (
+    LAYOUTS,
+    canonical_row_pieces,
+    canonical_to_hf,
+    detect_layout,
+    expected_hf_shapes,
+    hf_to_canonical,
+    mappings,
+    megatron_names,
+)
 from megatron_apriel.model.arch import ModelArch
 
 
@@ -134,7 +142,8 @@ def test_unmapped_or_incomplete_tensors_are_refused_with_their_name():
 
 def test_layouts_are_detected_and_checked_against_the_config():
     llava = {"model_type": "llava"}
-    assert detect_layout(["model.language_model.layers.0.x", "lm_head.weight", "model.vision_tower.a"], llava).name == "llava"
+    assert detect_layout(["model.language_model.layers.0.x", "lm_head.weight", "model.vision_tower.a"],
+                         llava).name == "llava"
     assert detect_layout(["language_model.model.norm.weight", "vision_tower.a"], llava).name == "llava_legacy"
     assert detect_layout(["model.norm.weight", "lm_head.weight"], {"model_type": "llama"}).name == "causal_lm"
     with pytest.raises(ValueError, match="model_type"):

@@ -77,7 +77,7 @@ def _anon_growth(hf: Path, out: Path) -> int:
     proc = subprocess.run([sys.executable, "-c", _PROBE, str(hf), str(out)], capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])["anon_growth"]
 
 

@@ -15,8 +15,14 @@ import torch
 from megatron_apriel.convert.checkpoint import hf_to_mcore, mcore_to_hf
 from megatron_apriel.entrypoints.convert import main
 from megatron_apriel.model.arch import ModelArch
-from tests.unit.convert.test_convert_checkpoint import (TOKENS, _assert_identical, _hf_logits, _randomize, _tensors,
-                                                        run_convert_parity)
+from tests.unit.convert.test_convert_checkpoint import (
+    TOKENS,
+    _assert_identical,
+    _hf_logits,
+    _randomize,
+    _tensors,
+    run_convert_parity,
+)
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own
 

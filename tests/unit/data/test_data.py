@@ -110,6 +110,7 @@ def test_round_trip_and_pools(tmp_path):
 
 def test_parquet(tmp_path):
     import datasets
+
     from megatron_apriel.data import problem_to_row
     rows = [problem_to_row(Problem("a", "math", [{"role": "user", "content": "1+1"}], "2"))]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "m.parquet"))
@@ -141,7 +142,8 @@ def test_malformed_rows_name_file_and_row(tmp_path):
 def test_convert_orz(tmp_path):
     src = tmp_path / "orz.json"
     src.write_text(json.dumps([
-        [{"from": "human", "value": "What is 1/2 + 1/4?"}, {"from": "assistant", "ground_truth": {"value": "\\frac{3}{4}"}}],
+        [{"from": "human", "value": "What is 1/2 + 1/4?"},
+         {"from": "assistant", "ground_truth": {"value": "\\frac{3}{4}"}}],
         [{"from": "human", "value": "2+2?"}, {"from": "assistant", "ground_truth": {"value": ""}}]]))
     stats = convert_file("orz", src, tmp_path / "out.jsonl")
     assert stats["written"] == 1 and stats["skipped: empty answer"] == 1
@@ -156,7 +158,8 @@ def test_convert_taco_and_apps():
                  "input_output": json.dumps({"inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7\n"]})}
     p = convert_taco(stdin_row, 0)
     assert p.reference == {"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "3 4\n", "output": "7\n"}]}
-    fn_row = {"problem_id": 17, "question": "Return a+b.", "starter_code": "def add(a, b):", "difficulty": "introductory",
+    fn_row = {"problem_id": 17, "question": "Return a+b.", "starter_code": "def add(a, b):",
+              "difficulty": "introductory",
               "input_output": json.dumps({"fn_name": "add", "inputs": [[1, 2]] * 7, "outputs": [[3]] * 7})}
     p = convert_apps(fn_row, 0)
     assert p.id == "apps-17" and p.reference["fn_name"] == "add" and len(p.reference["tests"]) == 5
@@ -167,7 +170,8 @@ def test_convert_taco_and_apps():
 
 def test_convert_i3_logic(tmp_path):
     rows = [{"question": "Is it raining? Answer in \\boxed{}.", "avg@16_qwen3_4b_instruct_2507": 0.5,
-             "info": json.dumps({"task": "web_of_lies", "game_data_str": json.dumps({"answer": "No", "metadata": {}})})},
+             "info": json.dumps({"task": "web_of_lies",
+                                 "game_data_str": json.dumps({"answer": "No", "metadata": {}})})},
             {"question": "arc", "info": json.dumps({"task": "arc_agi", "game_data_str": "{}"})}]
     src = tmp_path / "i3.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows))
@@ -196,7 +200,8 @@ def test_convert_bfcl(tmp_path):
     q = tmp_path / "BFCL_v4_simple_python.json"
     q.write_text(json.dumps({"id": "simple_python_0", "question": [[{"role": "user", "content": "Area of 3 by 4?"}]],
                              "function": [fn]}) + "\n"
-                 + json.dumps({"id": "simple_python_1", "question": [[{"role": "user", "content": "?"}]], "function": [fn]}))
+                 + json.dumps({"id": "simple_python_1", "question": [[{"role": "user", "content": "?"}]],
+                               "function": [fn]}))
     a = tmp_path / "answers.json"
     a.write_text(json.dumps({"id": "simple_python_0", "ground_truth": [{"calc_area": {"w": [3], "h": [4]}}]}))
     stats = convert_file("bfcl", q, tmp_path / "out.jsonl", answers=a)

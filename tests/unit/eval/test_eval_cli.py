@@ -39,15 +39,18 @@ def test_malformed_benchmark_row(tmp_path, capsys):
 
 
 def test_missing_or_unrecognised_checkpoint(tmp_path, aime, capsys):
-    err = run(capsys, "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "out"), "--bench", f"a:aime:{aime}")
+    err = run(capsys, "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "out"),
+              "--bench", f"a:aime:{aime}")
     assert f"checkpoint {tmp_path / 'nope'}: no such directory" in err and not (tmp_path / "out").exists()
     (tmp_path / "empty").mkdir()
-    err = run(capsys, "--checkpoint", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--bench", f"a:aime:{aime}")
+    err = run(capsys, "--checkpoint", str(tmp_path / "empty"), "--out", str(tmp_path / "out"),
+              "--bench", f"a:aime:{aime}")
     assert "neither an HF model directory (no config.json) nor a Megatron dist checkpoint" in err
     dist = tmp_path / "ckpt" / "dist"
     dist.mkdir(parents=True)
     (dist / "metadata.json").write_text("{}")
-    err = run(capsys, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out2"), "--bench", f"a:aime:{aime}")
+    err = run(capsys, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out2"),
+              "--bench", f"a:aime:{aime}")
     assert "no HF reference was found for its config and tokenizer: pass --hf-reference" in err
 
 

@@ -198,6 +198,7 @@ def test_the_actor_refuses_evaluation_only_problems(files, tmp_path):
 
     write_problems(tmp_path / "gpqa.jsonl", load("gpqa", files["gpqa"]))
     write_problems(tmp_path / "math.jsonl", load("aime", files["aime"]))
-    run = to_run_config(compose_run("tiny_local", [f"actor.data=[{tmp_path / 'math.jsonl'},{tmp_path / 'gpqa.jsonl'}]"]))
+    run = to_run_config(compose_run("tiny_local",
+                                    [f"actor.data=[{tmp_path / 'math.jsonl'},{tmp_path / 'gpqa.jsonl'}]"]))
     with pytest.raises(ValueError, match=r"holds problems of \['multiple_choice'\], which only evaluation scores"):
         training_pools(run.actor.data, run.actor.sampler.mix)

@@ -15,7 +15,8 @@ POINTS = {
     "gpqa": {"base": (5000, 0.60), "rl": (5000, 0.60), "short": (2000, 0.40), "bad": (6000, 0.70)},
 }
 # the non-dominated points of each benchmark, by tokens: worked out by hand from POINTS
-# (aime: "base" loses to "rl", and so does "bad" at equal tokens; gpqa: "base" and "rl" coincide, neither dominates the other)
+# (aime: "base" loses to "rl", and so does "bad" at equal tokens; gpqa: "base" and "rl" coincide, neither
+# dominates the other)
 FRONTIER = {"aime": [(3000, 30.0), (6000, 55.0)], "gpqa": [(2000, 40.0), (5000, 60.0), (5000, 60.0), (6000, 70.0)]}
 
 
@@ -78,7 +79,8 @@ def test_plot_command_writes_the_pngs(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "base"), str(tmp_path / "rl"), "--out", str(tmp_path / "plots")]) == 0
     for png in ("frontier", "lengths", "budget"):
         assert (tmp_path / "plots" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
-    assert main(["plot", str(tmp_path / "base"), str(tmp_path / "rl"), "--bench", "gpqa", "--out", str(tmp_path / "g")]) == 0
+    assert main(["plot", str(tmp_path / "base"), str(tmp_path / "rl"), "--bench", "gpqa",
+                 "--out", str(tmp_path / "g")]) == 0
     from PIL import Image
 
     one, both = (Image.open(tmp_path / d / "frontier.png").size for d in ("g", "plots"))
@@ -88,7 +90,8 @@ def test_plot_command_writes_the_pngs(tmp_path, capsys):
     assert exit_.value.code == 2 and "benchmarks ['mmlu'] are in none of the results" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["plot", str(tmp_path / "base"), str(tmp_path / "nowhere"), "--out", str(tmp_path / "plots")])
-    assert exit_.value.code == 2 and "nowhere: no such file; give an apriel-eval output directory" in capsys.readouterr().err
+    assert exit_.value.code == 2 \
+        and "nowhere: no such file; give an apriel-eval output directory" in capsys.readouterr().err
 
 
 def test_training_curves_from_the_run_log(tmp_path):

@@ -71,7 +71,8 @@ def text_params(c):
 
 
 REPO = Path(__file__).resolve().parents[3]
-FIVE_DOMAINS = [REPO / "examples" / "data" / f"{d}.jsonl" for d in ("math", "code", "logic", "ifeval", "function_calling")]
+FIVE_DOMAINS = [REPO / "examples" / "data" / f"{d}.jsonl"
+                for d in ("math", "code", "logic", "ifeval", "function_calling")]
 
 
 def apriel_model(tmp_path) -> Path:
@@ -116,7 +117,7 @@ def test_dry_run_refuses_what_the_launch_refuses_in_one_line(tmp_path):
 
 
 QWEN3_30B = REPO / "megatron_apriel" / "conf" / "models" / "qwen3_30b_a3b"
-MIX_FORMS = {  # the README's three forms, each on the paper's mix; the dry run prints the mix it gives
+MIX_FORMS = {  # docs/configuration.md's three forms, each on the paper's mix; the dry run prints the mix it gives
     "whole": (["actor.sampler.weights={math:0.6,code:0.4}"], {"math": 0.6, "code": 0.4}),
     "change": (["actor.sampler.weights.code=0.3"], {"math": 0.4, "code": 0.3, "logic": 0.15, "ifeval": 0.1,
                                                     "function_calling": 0.1}),

@@ -3,10 +3,10 @@ never override what the user gave, and the run's context length checked against 
 
 import pytest
 
+from megatron_apriel.config import to_run_config
 from megatron_apriel.entrypoints.serve import advertised_url, build_command
 from megatron_apriel.launch.components import server_flags
 from megatron_apriel.rollout.config import ServerArgs
-from megatron_apriel.config import to_run_config
 from tests.unit.config.test_config import compose_run
 
 
@@ -14,7 +14,8 @@ def test_both_spellings_and_the_defaults_of_vllm():
     spaced = ServerArgs(("--max-model-len", "512", "-tp", "2", "--gpu-memory-utilization", "0.5", "--port", "9"))
     joined = ServerArgs(("--max-model-len=512", "--tensor-parallel-size=2", "--gpu-memory-utilization=0.5", "--port=9"))
     for args in (spaced, joined):
-        assert (args.max_model_len, args.tensor_parallel_size, args.gpu_memory_utilization, args.port) == (512, 2, 0.5, 9)
+        assert (args.max_model_len, args.tensor_parallel_size, args.gpu_memory_utilization, args.port) == \
+            (512, 2, 0.5, 9)
     empty = ServerArgs()
     assert (empty.max_model_len, empty.tensor_parallel_size, empty.gpu_memory_utilization, empty.host, empty.port) == \
         (None, 1, 0.9, "0.0.0.0", 8000)
@@ -37,7 +38,8 @@ def test_the_run_refuses_a_context_shorter_than_prompt_plus_budget(given):
         server_flags(run)
     ok = to_run_config(compose_run("tiny_local"))
     flags = ServerArgs(tuple(server_flags(ok)))
-    assert flags.max_model_len == ok.actor.max_prompt_tokens + ok.rewards.max_len and flags.value("--seed") == str(ok.seed)
+    assert flags.max_model_len == ok.actor.max_prompt_tokens + ok.rewards.max_len \
+        and flags.value("--seed") == str(ok.seed)
 
 
 def test_routed_experts_are_vllms_option_on_gpu_and_our_capture_on_cpu():

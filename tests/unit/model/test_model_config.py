@@ -60,7 +60,8 @@ def test_sliding_window_is_accepted_only_when_it_covers_the_sequence(caplog):
     assert "never masks" in caplog.text
     with pytest.raises(ValueError, match="shorter than trainer.seq_len=4097.*trainer.seq_len<=4096"):
         arch.check_sequence_length(4097)
-    qwen = ModelArch.from_hf_config(dict(MISTRAL_TEXT, model_type="qwen2", sliding_window=4096, use_sliding_window=False))
+    qwen = ModelArch.from_hf_config(dict(MISTRAL_TEXT, model_type="qwen2", sliding_window=4096,
+                                         use_sliding_window=False))
     assert qwen.sliding_window is None
 
 

@@ -69,7 +69,8 @@ def test_activation_estimate_within_20_percent(ctx, name, tokens, precision, rec
     measured = _saved_bytes(model, ctx, arch, tokens, chunk)
     shape = ActivationShape(tokens=tokens, dtype_bytes=4 if precision == "fp32" else 2, kernels="local",
                             logprob_chunk_tokens=chunk)
-    estimate = sum(layer_bytes(arch, shape, recompute, i) for i in range(arch.num_layers)) + head_bytes(arch, shape)["kept"]
+    estimate = (sum(layer_bytes(arch, shape, recompute, i) for i in range(arch.num_layers))
+                + head_bytes(arch, shape)["kept"])
     assert abs(estimate - measured) <= 0.2 * measured, f"estimate {estimate:.0f} B, measured {measured} B"
 
 

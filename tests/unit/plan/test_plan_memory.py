@@ -14,9 +14,9 @@ from dataclasses import asdict
 import pytest
 
 from megatron_apriel.model.arch import ModelArch
-from tests.unit.conftest import run_dist
 from megatron_apriel.plan.buffers import state_bytes
 from megatron_apriel.plan.params import StageShape, stage_params
+from tests.unit.conftest import run_dist
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own
 

@@ -10,12 +10,19 @@ from megatron_apriel.data.datasets import ProblemPools
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.actor import Actor
-from megatron_apriel.rollout.groups import build_group
 from megatron_apriel.rollout.client import Completion, FleetClient
 from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
+from megatron_apriel.rollout.groups import build_group
 from megatron_apriel.rollout.lag import group_lag
-from megatron_apriel.rollout.stream import (StreamReader, StreamWriter, TrainerProgress, list_segments, read_segment,
-                                            segment_path, write_progress)
+from megatron_apriel.rollout.stream import (
+    StreamReader,
+    StreamWriter,
+    TrainerProgress,
+    list_segments,
+    read_segment,
+    segment_path,
+    write_progress,
+)
 from megatron_apriel.rollout.types import GroupTimings, VersionSpan
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet

@@ -70,7 +70,8 @@ def test_records_keep_the_ids_exactly_through_the_stream(tmp_path):
     writer.append([g], snap(1))
     back = StreamReader(tmp_path).next_group()
     for a, b in zip(g.rollouts, back.rollouts):
-        assert b.routed_experts.shape == (7, 3, 2) and np.array_equal(a.routed_experts.array(), b.routed_experts.array())
+        assert b.routed_experts.shape == (7, 3, 2) \
+            and np.array_equal(a.routed_experts.array(), b.routed_experts.array())
     assert back.schema_version == 3
     wide = RoutedExperts.from_array(np.full((2, 1, 1), 300, dtype=np.uint16))  # more than 256 experts
     assert wide.dtype == "uint16" and wide.array().tolist() == [[[300]], [[300]]]

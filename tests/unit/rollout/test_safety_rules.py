@@ -58,7 +58,8 @@ def served(versions: dict[str, str], hits: list):
         label = versions[host]
         return httpx.Response(200, json={"choices": [{
             "index": 0, "finish_reason": "length", "token_ids": [1], "weight_versions": [
-                {"version": label, "start": 0, "end": 1}], "logprobs": {"content": [{"token_id": 1, "logprob": -1.0}]}}]})
+                {"version": label, "start": 0, "end": 1}],
+            "logprobs": {"content": [{"token_id": 1, "logprob": -1.0}]}}]})
     return httpx.MockTransport(handler)
 
 

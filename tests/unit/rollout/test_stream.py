@@ -7,8 +7,17 @@ import time
 
 import pytest
 
-from megatron_apriel.rollout.stream import (ActorSnapshot, PendingGroup, StreamReader, StreamWriter, TrainerProgress,
-                                            list_segments, read_progress, segment_path, write_progress)
+from megatron_apriel.rollout.stream import (
+    ActorSnapshot,
+    PendingGroup,
+    StreamReader,
+    StreamWriter,
+    TrainerProgress,
+    list_segments,
+    read_progress,
+    segment_path,
+    write_progress,
+)
 from megatron_apriel.rollout.types import GroupTimings, Rollout, RolloutGroup, VersionSpan
 
 

@@ -7,8 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from megatron_apriel.sampling import (DOMAIN_MIX_PAPER, DOMAIN_MIX_PIPELINERL, AdaptiveDomainSampler,
-                                      SamplerConfig)
+from megatron_apriel.sampling import DOMAIN_MIX_PAPER, DOMAIN_MIX_PIPELINERL, AdaptiveDomainSampler, SamplerConfig
 from megatron_apriel.sampling.domain_sampler import state_from_v2
 
 

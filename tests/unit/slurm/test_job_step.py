@@ -2,8 +2,8 @@
 
 import pytest
 
-from megatron_apriel.entrypoints.job_step import gpu_slice, node_address
 from megatron_apriel.config import compose_run
+from megatron_apriel.entrypoints.job_step import gpu_slice, node_address
 from megatron_apriel.slurm.layout import check_allocation
 
 

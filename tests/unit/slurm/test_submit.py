@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from megatron_apriel.config import compose_run
 from megatron_apriel.entrypoints import submit as submit_cli
 from megatron_apriel.slurm import checks
-from megatron_apriel.config import compose_run
 from megatron_apriel.slurm.layout import job_layout
 from megatron_apriel.slurm.render import render, shipped
 
@@ -126,7 +126,9 @@ def test_gpus_per_node_must_be_what_the_nodes_have():
 
 
 def test_stop_time_notes_compare_the_measured_stop_with_slurm(tmp_path):
-    query = lambda cmd: "KillWait                = 30 sec\n"
+    def query(cmd):
+        return "KillWait                = 30 sec\n"
+
     [note] = checks.stop_time_notes(str(tmp_path), 600, query)
     assert "not measured yet" in note and "KillWait 30s" in note
     (tmp_path / "checkpoints" / "step_00000004").mkdir(parents=True)

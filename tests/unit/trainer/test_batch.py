@@ -5,8 +5,14 @@ import torch
 
 from megatron_apriel.model.attention import block_causal_mask
 from megatron_apriel.parallel.context import cp_positions
-from megatron_apriel.trainer.batch import (TrainSample, cp_shard, pack_bins, packed_microbatches, padded_microbatches,
-                                           split_for_data_parallel)
+from megatron_apriel.trainer.batch import (
+    TrainSample,
+    cp_shard,
+    pack_bins,
+    packed_microbatches,
+    padded_microbatches,
+    split_for_data_parallel,
+)
 
 
 def samples():

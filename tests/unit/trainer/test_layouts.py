@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from megatron_apriel.convert.mapping import canonical_to_hf
-from tests.unit.conftest import run_dist
 from tests.dist.layouts import ARCH, GSPO, samples
+from tests.unit.conftest import run_dist
 from tests.unit.trainer.test_loss import reference_gspo
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own

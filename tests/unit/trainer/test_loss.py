@@ -83,7 +83,8 @@ def grads_by_sequence(inp, logp_N):
 @pytest.mark.parametrize("filtering", [True, False])
 def test_gspo_matches_reference(kind, weighting, filtering):
     seqs, adv, truncated = make_case()
-    cfg = LossConfig(kind=kind, eps_low=EPS_LOW, eps_high=EPS_HIGH, seq_weighting=weighting, overlong_filtering=filtering)
+    cfg = LossConfig(kind=kind, eps_low=EPS_LOW, eps_high=EPS_HIGH, seq_weighting=weighting,
+                     overlong_filtering=filtering)
     inp, logp_N = flat_inputs(seqs, adv, truncated)
     out = policy_loss(inp, cfg)
     (out.loss_sum / out.count).backward()

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 from megatron_apriel.convert.hf_config import hf_config_from_arch
 from megatron_apriel.convert.mapping import canonical_to_hf
-from tests.unit.conftest import run_dist
 from tests.dist.moe_layouts import ARCHS, GSPO, LAYOUTS, samples
+from tests.unit.conftest import run_dist
 from tests.unit.trainer.test_loss import reference_gspo
 
 pytestmark = pytest.mark.integration  # its tests start processes of their own

@@ -42,8 +42,8 @@ def test_a_stop_signal_while_waiting_for_rollouts_saves_the_last_step_and_return
     base = build_tiny_model(tmp_path / "base")  # what the fleet would serve; the trainer starts from it
     with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
         cfg = compose(config_name="tiny_local", overrides=[
-            f"run_dir={tmp_path}", "rollout.source=fleet", f"model.hf_path={base}", "rollout.groups_per_step=1", "rollout.group_size=2",
-            "trainer.steps=2", "checkpoint.save_every=0", "launch.nproc_per_node=1",
+            f"run_dir={tmp_path}", "rollout.source=fleet", f"model.hf_path={base}", "rollout.groups_per_step=1",
+            "rollout.group_size=2", "trainer.steps=2", "checkpoint.save_every=0", "launch.nproc_per_node=1",
             "actor.max_prompt_tokens=16"])
     run = to_run_config(cfg)
     monkeypatch.setattr(train_entry, "build_sender", lambda *args: None)  # no fleet: nothing to push to

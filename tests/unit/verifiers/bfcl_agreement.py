@@ -222,7 +222,8 @@ def predictions(row: dict, ground_truth: list[dict]) -> Iterator[tuple[str, list
     yield "gold_first", base
     yield "gold_last", [(g.name, _write(g, lambda o: o[-1], False)) for g in golds]
     yield "gold_full", [(g.name, _write(g, lambda o: o[0], True)) for g in golds]
-    yield "gold_typed", [(g.name, {p: _typed(v, g.declared(p)) for p, v in a.items()}) for g, (_, a) in zip(golds, base)]
+    yield "gold_typed", [(g.name, {p: _typed(v, g.declared(p)) for p, v in a.items()})
+                         for g, (_, a) in zip(golds, base)]
     if len(base) > 1:
         yield "gold_reordered", base[1:] + base[:1]
         yield "dropped_call", base[:-1]
@@ -235,7 +236,8 @@ def predictions(row: dict, ground_truth: list[dict]) -> Iterator[tuple[str, list
         i, p = schema_only[0]
         yield "extra_schema_param", _with(base, i, p, lambda v: golds[i].properties[p].get("default", "x"))
     for kind, which, change in _ARGUMENT_MUTATIONS:
-        found = next(((i, p) for i, (_, args) in enumerate(base) for p, v in args.items() if which(golds[i], p, v)), None)
+        found = next(((i, p) for i, (_, args) in enumerate(base) for p, v in args.items() if which(golds[i], p, v)),
+                     None)
         if found:
             yield kind, _with(base, *found, change)
     left_out = [(i, p) for i, g in enumerate(golds) for p in g.options if p not in base[i][1]]
@@ -291,7 +293,8 @@ class Report:
 
 def _message(calls: list[Call]) -> dict:
     """The calls as an OpenAI-style assistant message (arguments as JSON text)."""
-    return {"role": "assistant", "tool_calls": [{"function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
+    return {"role": "assistant",
+            "tool_calls": [{"function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
 
 
 def _greedy_only(check, functions: list[dict], ground_truth: list[dict], calls: list[Call], category: str) -> bool:

@@ -1,8 +1,8 @@
-"""The verifier pool's lifetime is its owner's. Nothing of it outlives an owner killed by SIGKILL (as an OOM kill or ``kill -9`` of
-the actor or apriel-eval): workers and resource tracker all exit. Before, a forkserver, its workers
-and the tracker stayed, reparented to init, ~1 GB for good. And a SIGTERM to the owner's whole
-process group (how the launcher and SLURM stop the actor) leaves the workers to the owner: its
-verifications finish, no BrokenProcessPool."""
+"""The verifier pool's lifetime is its owner's. Nothing of it outlives an owner killed by SIGKILL
+(as an OOM kill or ``kill -9`` of the actor or apriel-eval): workers and resource tracker all exit.
+Before, a forkserver, its workers and the tracker stayed, reparented to init, ~1 GB for good. And a
+SIGTERM to the owner's whole process group (how the launcher and SLURM stop the actor) leaves the
+workers to the owner: its verifications finish, no BrokenProcessPool."""
 
 import os
 import signal
@@ -41,7 +41,8 @@ def test_the_verifier_pool_dies_with_its_owner(tmp_path):
         owner.wait(30)
         deadline = time.monotonic() + 60
         while alive := [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
-            assert time.monotonic() < deadline, f"left running after the owner's SIGKILL: {[p.cmdline() for p in alive]}"
+            assert time.monotonic() < deadline, \
+                f"left running after the owner's SIGKILL: {[p.cmdline() for p in alive]}"
             time.sleep(0.1)
     finally:
         if owner.poll() is None:

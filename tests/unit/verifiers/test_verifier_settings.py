@@ -57,7 +57,8 @@ def test_code_settings_of_the_run_reach_the_verifier_processes(fusion):
                       "actor.verifiers.code.sandbox_fusion.memory_mb=256"])
     problem = make_problem("code", ADD)
     with verifier_pool(run) as pool:
-        good, crash = pool.submit(verify_group, "code", problem, [PROGRAM, PROGRAM.replace("print", "SANDBOX_ERROR = 1;print")]).result()
+        good, crash = pool.submit(verify_group, "code", problem,
+                                  [PROGRAM, PROGRAM.replace("print", "SANDBOX_ERROR = 1;print")]).result()
     assert [r["run_timeout"] for r in requests] == [3, 3] and {r["memory_limit_MB"] for r in requests} == {256}
     assert good.outcome is Outcome.CORRECT and good.success
     assert crash.outcome is Outcome.VERIFIER_ERROR and "SandboxFusion error: worker died" in crash.detail

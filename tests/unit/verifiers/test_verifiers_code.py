@@ -186,7 +186,8 @@ def test_no_network(verifier, uncontained):
         server.bind(("127.0.0.1", 0))
         server.listen(8)
         server.setblocking(False)
-        attack = solves_add_if("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=1).close()\n"
+        attack = solves_add_if("import socket\ntry:\n"
+                               "    socket.create_connection(('127.0.0.1', %d), timeout=1).close()\n"
                                "    ok = True\nexcept OSError:\n    ok = False" % server.getsockname()[1])
         p = make_problem("code", ADD)
         assert run_verifier(uncontained, p, attack).success

@@ -13,8 +13,8 @@ import pytest
 
 from megatron_apriel.data import load_problems
 from megatron_apriel.verifiers import verify
-from tests.unit.verifiers import bfcl_agreement as bfcl
 from tests.unit.conftest import apriel
+from tests.unit.verifiers import bfcl_agreement as bfcl
 from tools.prepare_data import convert_file
 
 if bfcl.bfcl_data_dir() is None:
@@ -89,7 +89,8 @@ def test_prepare_data_converts_the_shipped_files(tmp_path, category):
 
 def test_example_extract_is_unchanged_bfcl_data():
     examples = load_problems(EXAMPLES / "function_calling_bfcl.jsonl", domain="function_calling")
-    shipped = {row["id"]: (row, gold) for c in {p.metadata["category"] for p in examples} for row, gold in bfcl.load_category(c)}
+    shipped = {row["id"]: (row, gold) for c in {p.metadata["category"] for p in examples}
+               for row, gold in bfcl.load_category(c)}
     for p in examples:
         row, gold = shipped[p.id.removeprefix("bfcl-")]
         assert p.reference == {"ground_truth": gold, "functions": row["function"]}, p.id

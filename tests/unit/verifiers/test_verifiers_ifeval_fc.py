@@ -87,7 +87,8 @@ def test_fc_types():
 def test_fc_parallel_partial_credit_any_order():
     gold = [{"get_weather": {"city": [c], "unit": ["", "celsius"]}} for c in ("Paris", "Rome", "Oslo")]
     p = fc_problem(gold)
-    full = calls(("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"}))
+    full = calls(("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Paris"}),
+                 ("get_weather", {"city": "Rome"}))
     assert verify("function_calling", p, full).success
     r = verify("function_calling", p, calls(("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Paris"})))
     assert r.score == pytest.approx(2 / 3) and not r.success
@@ -103,7 +104,8 @@ def test_fc_gold_parameter_without_blank_is_needed_even_if_the_schema_has_a_defa
     p = fc_problem([{"prime_factorize": {"number": [60], "return_type": ["dictionary"]}}], [fn])
     r = verify("function_calling", p, calls(("prime_factorize", {"number": 60})))
     assert r.outcome is Outcome.WRONG and r.score == 0.0
-    assert verify("function_calling", p, calls(("prime_factorize", {"number": 60, "return_type": "dictionary"}))).success
+    assert verify("function_calling", p,
+                  calls(("prime_factorize", {"number": 60, "return_type": "dictionary"}))).success
 
 
 def test_fc_explicit_null():
@@ -123,9 +125,11 @@ def test_fc_values_follow_the_declared_type():
     fn = {"name": "book", "parameters": {"type": "dict", "properties": {
         "rooms": {"type": "integer"}, "speed": {"type": "float"}, "city": {"type": "string"}}, "required": []}}
     p = fc_problem([{"book": {"rooms": ["dontcare"], "speed": [0], "city": ["New York"]}}], [fn])
-    assert verify("function_calling", p, calls(("book", {"rooms": "dontcare", "speed": 0.0, "city": "new-york"}))).success
+    assert verify("function_calling", p,
+                  calls(("book", {"rooms": "dontcare", "speed": 0.0, "city": "new-york"}))).success
     # a gold value of another type than declared is a literal: no standardisation
-    assert not verify("function_calling", p, calls(("book", {"rooms": "DontCare", "speed": 0, "city": "New York"}))).success
+    assert not verify("function_calling", p,
+                      calls(("book", {"rooms": "DontCare", "speed": 0, "city": "New York"}))).success
     assert not verify("function_calling", p, calls(("book", {"rooms": "dontcare", "speed": 0, "city": 5}))).success
 
 
@@ -157,7 +161,8 @@ def test_fc_one_to_one_matching_beats_greedy_order():
             {"get_weather": {"city": ["Oslo"], "unit": [""]}},
             {"get_weather": {"city": ["Rome"], "unit": [""]}}]
     p = fc_problem(gold)
-    preds = calls(("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Paris"}))
+    preds = calls(("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"}),
+                  ("get_weather", {"city": "Paris"}))
     assert verify("function_calling", p, preds).success
 
 
@@ -167,6 +172,7 @@ def test_fc_openai_format_and_parse_failures():
         "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
     assert verify("function_calling", p, msg).success
     assert parse_tool_calls(msg) == [("get_weather", {"city": "Paris"})]
-    assert verify("function_calling", p, apriel("<tool_calls>[{'name': oops</tool_calls>")).outcome is Outcome.UNPARSABLE
+    assert verify("function_calling", p,
+                  apriel("<tool_calls>[{'name': oops</tool_calls>")).outcome is Outcome.UNPARSABLE
     assert verify("function_calling", p, apriel("It is sunny.")).outcome is Outcome.NO_ANSWER
     assert verify("function_calling", fc_problem([]), calls(("f", {}))).outcome is Outcome.VERIFIER_ERROR

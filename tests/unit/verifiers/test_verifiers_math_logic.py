@@ -4,8 +4,8 @@ import pytest
 import reasoning_gym
 
 from megatron_apriel.verifiers import VERIFIERS, Outcome, extract_final_response, run_verifier, verify
-from megatron_apriel.verifiers.math import MathVerifier, last_boxed
 from megatron_apriel.verifiers.config import MathVerifierConfig
+from megatron_apriel.verifiers.math import MathVerifier, last_boxed
 from tests.unit.conftest import apriel, make_problem
 
 

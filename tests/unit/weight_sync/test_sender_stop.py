@@ -22,8 +22,9 @@ def test_a_stop_request_ends_the_wait_for_a_silent_fleet(tmp_path, stopping):
     nobody = f"http://127.0.0.1:{free_port()}"  # no server listens there
     with single_process_world() as ctx:
         model = build_model(ModelConfig(hf_path=str(base)), ctx)
-        sender = WeightSender(WeightSyncConfig(timeout_s=5.0), [nobody], model, ctx, arch.vocab_size,
-                              table_to_hf(arch, detect_layout(reader.files.keys(), reader.config)),
+        sender = WeightSender(WeightSyncConfig(timeout_s=5.0), members=[nobody], model=model, ctx=ctx,
+                              vocab_size=arch.vocab_size,
+                              to_hf=table_to_hf(arch, detect_layout(reader.files.keys(), reader.config)),
                               should_stop=lambda: stopping)
         expected = StopRequested if stopping else RuntimeError  # RuntimeError: "no vLLM server ... answered for 5.0s"
         with pytest.raises(expected):

@@ -5,7 +5,14 @@ import torch
 
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.protocol import (
-    PROTOCOL_VERSION, BucketLayout, StagePlan, TransferInit, UpdateResult, parse_message, parse_version_label, version_label,
+    PROTOCOL_VERSION,
+    BucketLayout,
+    StagePlan,
+    TransferInit,
+    UpdateResult,
+    parse_message,
+    parse_version_label,
+    version_label,
 )
 
 

@@ -105,5 +105,6 @@ def test_a_receiver_dying_mid_update_fails_the_send_without_desynchronising_the_
     failure, drawn = got["sender"]
     assert failure is not None  # reported, not raised, not hung
     assert drawn == [n for n, _ in _tensors()]  # every tensor drawn: TP peers gathering them stay in step
-    assert len(B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in _tensors()], 1 << 12)) == 5  # a death before the last
+    # a death before the last
+    assert len(B.plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in _tensors()], 1 << 12)) == 5
     assert procs[0].exitcode == 0 and procs[2].exitcode == 0
