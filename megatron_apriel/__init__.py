@@ -9,7 +9,7 @@ the longest name that matches a module places it (a layer may take several lines
     0 settings:      config conf *.config choices rewards sampling
     0 records:       rollout.types rollout.npy_base64 rollout.stream rollout.lag
     0 records:       model.arch parallel.dims weight_sync.protocol
-    0 processes:     stop lifetime process logs metrics refusals
+    0 processes:     stop lifetime process logs metrics refusals run_dir
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan

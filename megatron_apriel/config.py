@@ -35,6 +35,7 @@ from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig, cp_alignment
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig, SamplingConfig
+from megatron_apriel.run_dir import RunDir
 from megatron_apriel.sampling.domain_sampler import DOMAIN_MIX_PAPER
 from megatron_apriel.slurm.config import SlurmConfig
 from megatron_apriel.tiny.config import TinyBaseConfig
@@ -84,9 +85,14 @@ class RunConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Where apriel-submit runs the config on a SLURM cluster (ignored by apriel-train)."""
 
+    @property
+    def paths(self) -> RunDir:
+        """Where this run's files are (``run_dir``'s layout)."""
+        return RunDir(self.run_dir)
+
     def __post_init__(self) -> None:
         if self.tiny_base.enabled and self.model.hf_path is not None:
-            base = Path(self.run_dir).resolve() / "base"
+            base = RunDir(Path(self.run_dir).resolve()).base
             if Path(self.model.hf_path).resolve() != base:
                 raise ValueError(f"tiny_base.enabled builds the model into {base}, but model.hf_path="
                                  f"{self.model.hf_path}: leave model.hf_path unset or turn tiny_base off.")
@@ -137,7 +143,7 @@ class RunConfig:
         absolute (children may start elsewhere) and, with ``tiny_base.enabled``, ``model.hf_path``
         pointing at the base built in ``run_dir/base``."""
         run_dir = Path(self.run_dir).resolve()
-        model = replace(self.model, hf_path=str(run_dir / "base")) if self.tiny_base.enabled else self.model
+        model = replace(self.model, hf_path=str(RunDir(run_dir).base)) if self.tiny_base.enabled else self.model
         return replace(self, run_dir=str(run_dir), model=model)
 
 

@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
+from megatron_apriel.run_dir import METRICS_FILE, RunDir  # noqa: F401  (METRICS_FILE: re-exported)
+
 log = logging.getLogger("megatron_apriel")
 
 
@@ -79,7 +81,6 @@ class MultiLogger:
 CONSOLE_KEYS = ("rollout/reward", "rollout/success", "train/loss", "train/grad_norm", "train/clip_fraction",
                 "train/drift_abs_mean", "rollout/lag_mean", "sync/total_s", "time/step_s")
 """Shown first on each step's console line, in this order."""
-METRICS_FILE = "logs/metrics.jsonl"
 
 
 def build_logger(run_dir: Path, enabled: bool) -> MetricLogger:
@@ -87,5 +88,5 @@ def build_logger(run_dir: Path, enabled: bool) -> MetricLogger:
     on the logging rank only."""
     if not enabled:
         return MultiLogger()
-    return MultiLogger(ConsoleLogger(CONSOLE_KEYS), TensorBoardLogger(run_dir / "tensorboard"),
-                       JsonlLogger(run_dir / METRICS_FILE))
+    return MultiLogger(ConsoleLogger(CONSOLE_KEYS), TensorBoardLogger(RunDir(run_dir).tensorboard),
+                       JsonlLogger(RunDir(run_dir).metrics))

@@ -1,6 +1,6 @@
 """One way to run a child process that must not outlive its owner.
 
-    server = ManagedProcess("server_0", cmd, log_path=run_dir / "logs/server_0.log")
+    server = ManagedProcess("server_0", cmd, log_path=RunDir(run_dir).log("server_0"))
     server.start()
     ...
     server.terminate()          # SIGTERM to its group, at once (several stop together)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -39,7 +38,7 @@ async def _run_actor(run: RunConfig) -> None:
     from megatron_apriel.metrics import TensorBoardLogger
     from megatron_apriel.rollout.actor import Actor, load_tokenizer
     from megatron_apriel.rollout.client import FleetClient
-    from megatron_apriel.rollout.fleet import FLEET_DIR, fleet_urls, registered
+    from megatron_apriel.rollout.fleet import fleet_urls, registered
     from megatron_apriel.rollout.stream import StreamWriter
     from megatron_apriel.verifiers import verify_group
 
@@ -56,13 +55,13 @@ async def _run_actor(run: RunConfig) -> None:
     async def verify(domain, problem, texts):
         return await loop.run_in_executor(pool, verify_group, domain, problem, texts)
 
-    fleet_dir = Path(run.run_dir) / FLEET_DIR
+    fleet_dir = run.paths.fleet
     members = None if run.fleet.servers else (lambda: [(r.url, r.instance) for r in registered(fleet_dir)])
     sampler = run.actor.sampler.build()
     actor = Actor(cfg=run.actor, rollout=run.rollout, rewards=run.rewards, sampling=run.sampling, client=client,
                   sampler=sampler, order=DomainOrder(pools, seed=run.seed), tokenizer=load_tokenizer(run.model.hf_path),
-                  stream=StreamWriter(Path(run.run_dir) / "rollouts"), verify=verify,
-                  metrics=TensorBoardLogger(Path(run.run_dir) / "tensorboard" / "actor"), members=members)
+                  stream=StreamWriter(run.paths.rollouts), verify=verify,
+                  metrics=TensorBoardLogger(run.paths.actor_tensorboard), members=members)
     log.info("actor: %d servers, domains %s, G=%d, %d groups/step, max_lag=%s", len(urls),
              {d: pools.size(d) for d in pools.domains}, run.rollout.group_size, run.rollout.groups_per_step,
              run.rollout.max_lag)

@@ -44,7 +44,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def prepare(run, args) -> None:
     from megatron_apriel.launch.preflight import preflight
-    from megatron_apriel.rollout.fleet import FLEET_DIR
     from megatron_apriel.slurm.layout import check_allocation
 
     missing = [n for n in ("facts", "train_nodes", "train_tasks_per_node", "rollout_nodes", "servers_per_node")
@@ -54,9 +53,7 @@ def prepare(run, args) -> None:
     layout = check_allocation(run, args.train_nodes, args.train_tasks_per_node, args.rollout_nodes,
                               args.servers_per_node)
     preflight(run)
-    stale = list((Path(run.run_dir) / FLEET_DIR).glob("*.json"))
-    for reg in stale:  # servers of an earlier attempt: dead, and their URLs may be reused
-        reg.unlink()
+    stale = run.paths.clear_registrations()  # servers of an earlier attempt: dead, their URLs may be reused
     facts = {"APRIEL_STEPS": run.trainer.steps, "APRIEL_NUM_SERVERS": layout.num_servers}
     Path(args.facts).write_text("".join(f"{k}={v}\n" for k, v in facts.items()))
     print(f"prepare: allocation matches the config ({layout.train_nodes} x {layout.train_tasks_per_node} trainer "
@@ -83,7 +80,7 @@ def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible:
 
 def serve(run) -> None:
     from megatron_apriel.launch.components import server_flags
-    from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
+    from megatron_apriel.rollout.fleet import serve_command
 
     env = os.environ
     local = int(env["SLURM_LOCALID"])
@@ -94,7 +91,7 @@ def serve(run) -> None:
     if gpus:
         child_env["CUDA_VISIBLE_DEVICES"] = gpu_slice(local, per_node, gpus, env.get("CUDA_VISIBLE_DEVICES"))
     cmd = serve_command(run.model.hf_path, port, "0.0.0.0", server_flags(run),
-                        register_dir=Path(run.run_dir) / FLEET_DIR) + ["--advertise-host", addr]
+                        register_dir=run.paths.fleet) + ["--advertise-host", addr]
     print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
           + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
     os.execvpe(cmd[0], cmd, child_env)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_apriel.refusals import REFUSALS, refuse
+from megatron_apriel.run_dir import RunDir
 from megatron_apriel.slurm import checks
 
 
@@ -62,7 +63,7 @@ def problems(run, layout, query: checks.Query, mounts_text: str, env: dict,
 
 
 def write_script(text: str, run_dir: str) -> Path:
-    out = Path(run_dir) / "slurm" / f"train.{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    out = RunDir(run_dir).slurm / f"train.{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out

@@ -43,7 +43,7 @@ def _local_source(run: RunConfig, ctx, parts):
 def _stream_source(run: RunConfig, ctx, parts):
     from megatron_apriel.trainer.source import StreamSource
 
-    return StreamSource(Path(run.run_dir) / "rollouts", run.rollout, ctx, run.actor.sampler.mix,
+    return StreamSource(run.paths.rollouts, run.rollout, ctx, run.actor.sampler.mix,
                         moe_layers=parts.arch.moe_layers or None)
 
 
@@ -66,11 +66,11 @@ trainer's `RolloutSource`."""
 def fleet_members(run: RunConfig, stop: StopFlag):
     """The fleet as the weight sender sees it: fixed URLs, or the run directory's registrations
     (waited for, unless a stop is requested: the first push then ends the run on every rank)."""
-    from megatron_apriel.rollout.fleet import FLEET_DIR, registered, wait_for_fleet
+    from megatron_apriel.rollout.fleet import registered, wait_for_fleet
 
     if run.fleet.servers:
         return list(run.fleet.servers)
-    fleet_dir = Path(run.run_dir) / FLEET_DIR
+    fleet_dir = run.paths.fleet
     wait_for_fleet(fleet_dir, run.fleet.num_servers, run.fleet.startup_timeout_s, give_up=lambda: stop.requested)
     return lambda: [(r.url, r.instance) for r in registered(fleet_dir)]
 
@@ -125,7 +125,7 @@ def run_trainer(run: RunConfig, raw: DictConfig) -> None:
     try:
         if ctx.rank == 0:
             Path(run.run_dir).mkdir(parents=True, exist_ok=True)
-            (Path(run.run_dir) / "config.yaml").write_text(OmegaConf.to_yaml(raw))
+            run.paths.config.write_text(OmegaConf.to_yaml(raw))
         trainer = build_trainer(run, ctx, stop)
         if stop.requested:
             log.warning("stop request (%s) during start-up: the trainer stops at once", stop.reason())

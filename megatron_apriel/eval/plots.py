@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from megatron_apriel.eval.metrics import pareto_frontier  # noqa: E402
 from megatron_apriel.eval.report import read_report  # noqa: E402
 from megatron_apriel.eval.results import ResultsFile  # noqa: E402
+from megatron_apriel.run_dir import RunDir
 
 X_TOKENS = "mean output tokens"
 Y_PASS1 = "pass@1 (%)"
@@ -159,7 +160,7 @@ def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def training_curves_figure(run_dir: Path):
-    scalars = read_scalars(Path(run_dir) / "tensorboard")
+    scalars = read_scalars(RunDir(run_dir).tensorboard)
     panels = (("domain/{d}/reward", "reward", "reward per domain"),
               ("domain/{d}/length", "response length (tokens)", "mean response length per domain"),
               ("mix/{d}/realised", "domain share", "domain mix: completed (dashed: trained, dotted: target)"))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from megatron_apriel.rollout.fleet import ServerProcess, start_server
+from megatron_apriel.run_dir import RunDir
 
 CONVERTED = "hf_converted"
 
@@ -31,16 +32,17 @@ def _dist_dir(path: Path) -> Optional[Path]:
 
 def run_base_model(dist: Path) -> Optional[Path]:
     """The base model of the run a dist checkpoint belongs to (``RUN/checkpoints/step_N/dist``)."""
-    for run_dir in dist.parents:
-        config = run_dir / "config.yaml"
-        if (run_dir / "checkpoints").is_dir() and config.is_file():
+    for parent in dist.parents:
+        run_dir = RunDir(parent)
+        config = run_dir.config
+        if run_dir.checkpoints.is_dir() and config.is_file():
             from omegaconf import OmegaConf
 
             hf_path = OmegaConf.select(OmegaConf.load(config), "model.hf_path")
             if hf_path:
                 return Path(hf_path)
-            if (run_dir / "base" / "config.json").is_file():
-                return run_dir / "base"
+            if (run_dir.base / "config.json").is_file():
+                return run_dir.base
             return None
     return None
 

@@ -14,12 +14,12 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
-from megatron_apriel.rollout.fleet import FLEET_DIR, serve_command
+from megatron_apriel.rollout.fleet import serve_command
+from megatron_apriel.run_dir import RunDir
 
 LAUNCHER_ONLY = ("run_dir=", "launch.dry_run=")
 """Overrides not passed on to the components: the run directory (made absolute) and the dry run."""
@@ -44,7 +44,7 @@ class Component(ManagedProcess):
 
 def run_env(run_dir: str) -> dict:
     """What every component gets: caches that libraries write on import stay in the run directory."""
-    return {"MPLCONFIGDIR": os.environ.get("MPLCONFIGDIR", str(Path(run_dir) / ".cache" / "matplotlib"))}
+    return {"MPLCONFIGDIR": os.environ.get("MPLCONFIGDIR", str(RunDir(run_dir).cache / "matplotlib"))}
 
 
 def child_overrides(run: RunConfig, argv: list[str]) -> list[str]:
@@ -77,7 +77,7 @@ def server_flags(run: RunConfig) -> list[str]:
 def components(run: RunConfig, argv: list[str]) -> list[Component]:
     """The processes a run starts on this machine (servers, actor, trainer), not yet started;
     ``argv``: this command's arguments, passed on."""
-    logs = Path(run.run_dir) / "logs"
+    paths = run.paths
     env = run_env(run.run_dir)
     overrides = child_overrides(run, argv)
     out: list[Component] = []
@@ -87,17 +87,17 @@ def components(run: RunConfig, argv: list[str]) -> list[Component]:
         for i in range(run.fleet.num_servers):
             port = base + i if base else free_port()
             cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run),
-                                register_dir=Path(run.run_dir) / FLEET_DIR)
-            out.append(Component(f"server_{i}", cmd, logs / f"server_{i}.log", env,
+                                register_dir=paths.fleet)
+            out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), env,
                                  restarts_left=run.fleet.max_restarts))
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *overrides],
-                             logs / "actor.log", env, restarts_left=run.fleet.max_restarts))
+                             paths.log("actor"), env, restarts_left=run.fleet.max_restarts))
     # launch.master_port=0: torchrun binds a free port itself when it starts (--standalone). A port
     # picked here could be taken by then: the servers start first and bind ports of their own.
     rendezvous = ["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"]
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                      str(run.launch.nproc_per_node), *rendezvous, "-m",
                                      "megatron_apriel.entrypoints.train", *overrides],
-                         logs / "trainer.log", env))
+                         paths.log("trainer"), env))
     return out

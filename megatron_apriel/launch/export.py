@@ -14,7 +14,7 @@ from megatron_apriel.config import RunConfig
 def checkpointed_step(run: RunConfig) -> Optional[int]:
     from megatron_apriel.trainer.checkpoint import latest_checkpoint
 
-    latest = latest_checkpoint(Path(run.run_dir) / "checkpoints")
+    latest = latest_checkpoint(run.paths.checkpoints)
     return None if latest is None else json.loads((latest / "state.json").read_text())["step"]
 
 
@@ -23,10 +23,10 @@ def export_hf(run: RunConfig) -> Optional[Path]:
     from megatron_apriel.convert.checkpoint import mcore_to_hf
     from megatron_apriel.trainer.checkpoint import latest_checkpoint
 
-    latest = latest_checkpoint(Path(run.run_dir) / "checkpoints")
+    latest = latest_checkpoint(run.paths.checkpoints)
     if latest is None:
         return None
-    out = Path(run.run_dir) / "hf"
+    out = run.paths.hf
     shutil.rmtree(out, ignore_errors=True)
     mcore_to_hf(latest / "dist", out, hf_reference=run.model.hf_path, progress=False)
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from pathlib import Path
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.launch.components import Component, components
@@ -24,9 +23,7 @@ from megatron_apriel.launch.export import checkpointed_step, export_hf
 from megatron_apriel.launch.preflight import preflight
 from megatron_apriel.launch.progress import MetricsTail, say
 from megatron_apriel.launch.report import describe
-from megatron_apriel.metrics import METRICS_FILE
 from megatron_apriel.refusals import REFUSALS, refuse
-from megatron_apriel.rollout.fleet import FLEET_DIR
 
 
 class LaunchError(RuntimeError):
@@ -38,7 +35,7 @@ class Launcher:
         self.run, self.components = run, parts
         self.by_name = {c.name: c for c in parts}
         self.trainer = self.by_name["trainer"]
-        self.metrics = MetricsTail(Path(run.run_dir) / METRICS_FILE)
+        self.metrics = MetricsTail(run.paths.metrics)
 
     def _servers(self) -> list[Component]:
         return [c for c in self.components if c.name.startswith("server_")]
@@ -47,10 +44,10 @@ class Launcher:
         from megatron_apriel.rollout.fleet import registered
         from megatron_apriel.rollout.stream import clear_progress
 
-        clear_progress(Path(self.run.run_dir) / "rollouts")  # a previous trainer's: the actor waits for the new one
-        fleet_dir = Path(self.run.run_dir) / FLEET_DIR
-        for stale in fleet_dir.glob("*.json"):  # registrations of an earlier launch
-            stale.unlink()
+        paths = self.run.paths
+        clear_progress(paths.rollouts)  # a previous trainer's: the actor waits for the new one
+        paths.clear_registrations()  # an earlier launch's
+        fleet_dir = paths.fleet
         servers = self._servers()
         if not servers:
             return

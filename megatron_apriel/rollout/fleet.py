@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from megatron_apriel.process import ManagedProcess
 from megatron_apriel.rollout.config import FleetConfig
-
-FLEET_DIR = "fleet"
+from megatron_apriel.run_dir import FLEET_DIR, RunDir  # noqa: F401  (FLEET_DIR: re-exported)
 
 
 class Registration(BaseModel):
@@ -82,7 +81,7 @@ def fleet_urls(cfg: FleetConfig, run_dir: str | Path, timeout_s: Optional[float]
     """The fleet's URLs: ``cfg.servers``, or the registered servers once all have registered."""
     if cfg.servers:
         return [s.rstrip("/") for s in cfg.servers]
-    regs = wait_for_fleet(Path(run_dir) / FLEET_DIR, cfg.num_servers, timeout_s or cfg.startup_timeout_s)
+    regs = wait_for_fleet(RunDir(run_dir).fleet, cfg.num_servers, timeout_s or cfg.startup_timeout_s)
     return [r.url for r in regs]
 
 

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Optional
 
+from megatron_apriel.run_dir import RunDir
 from megatron_apriel.stop import STOP_COST_FILE
 
 LOCAL_ONLY = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/scratch/local", "/local")
@@ -188,7 +189,7 @@ def stop_time_notes(run_dir: str, signal_s: int, query: Query) -> list[str]:
     (scancel, time limit, preemption) and ``slurm.signal_s`` after the time-limit warning."""
     match = re.search(r"^KillWait\s*=\s*(\d+)", query(["scontrol", "show", "config"]) or "", re.M)
     kill_wait = int(match.group(1)) if match else None
-    latest = Path(run_dir) / "checkpoints" / "latest"
+    latest = RunDir(run_dir).checkpoints / "latest"
     cost = latest.parent / latest.read_text().strip() / STOP_COST_FILE if latest.is_file() else None
     if cost is None or not cost.is_file():
         return [f"stop time: not measured yet (at the trainer's first save); SLURM's KillWait {kill_wait}s"

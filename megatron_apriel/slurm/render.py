@@ -40,7 +40,7 @@ def _component(run: RunConfig, nodes: int, tasks_per_node: int) -> list[str]:
 def sbatch_lines(run: RunConfig, layout: JobLayout) -> list[str]:
     """Resources: two components (trainer nodes, rollout nodes) or one plain job of both."""
     s = run.slurm
-    head = [f"#SBATCH --output={Path(run.run_dir) / 'slurm' / 'apriel-%j.out'}",
+    head = [f"#SBATCH --output={run.paths.slurm / 'apriel-%j.out'}",
             f"#SBATCH --signal=B:USR1@{s.signal_s}"]
     if s.hetjob:
         return head + _component(run, layout.train_nodes, layout.train_tasks_per_node) + ["#SBATCH hetjob"] + \

@@ -1,6 +1,6 @@
 """Where the trainer's rollouts come from: the `RolloutSource` protocol and the stream source.
 
-    source = StreamSource(run_dir / "rollouts", cfg.rollout, ctx, domain_targets)
+    source = StreamSource(RunDir(run_dir).rollouts, cfg.rollout, ctx, domain_targets)
     samples, metrics = source.next_batch(step, idle)   # every rank: this DP rank's samples
     ...                                            # train, push weights as version step + 1
     source.weights_updated(step + 1)

@@ -59,7 +59,7 @@ class Trainer:
         self.arch, self.chunks, self.routing = parts.arch, parts.chunks, parts.routing
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.source, self.logger, self.sender = source, logger, sender
-        self.ckpt_root = Path(cfg.run_dir) / "checkpoints"
+        self.ckpt_root = cfg.paths.checkpoints
         self.step = 0
         self.stop = stop if stop is not None else StopFlag()
         self._step_s = self._save_s = 0.0
