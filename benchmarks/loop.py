@@ -58,13 +58,15 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
     """The actor's wall time per rollout against an instant fake fleet, less the fleet's own time
     making its answers (the stream's reader, the trainer's side, runs in the loop and counts).
     ``routed_experts``: (layers, top_k, experts): every answer carries routed experts of that shape."""
+    from megatron_apriel.actor.config import ActorConfig
+    from megatron_apriel.actor.loop import Actor
     from megatron_apriel.data.datasets import ProblemPools
     from megatron_apriel.data.order import DomainOrder
+    from megatron_apriel.fleet.client import FleetClient
+    from megatron_apriel.fleet.config import SamplingConfig
+    from megatron_apriel.records.config import RolloutConfig
+    from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
     from megatron_apriel.rewards import RewardConfig
-    from megatron_apriel.rollout.actor import Actor
-    from megatron_apriel.rollout.client import FleetClient
-    from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
-    from megatron_apriel.rollout.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
     from megatron_apriel.sampling.domain_sampler import SamplerConfig
     from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
     from megatron_apriel.tiny.base import addition_problems

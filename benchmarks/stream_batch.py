@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def write_stream(root: Path, groups: int, size: int, prompt: int, completion: int) -> None:
     import numpy as np
 
-    from megatron_apriel.rollout.stream import ActorSnapshot, StreamWriter
-    from megatron_apriel.rollout.types import GroupTimings, Rollout, RolloutGroup, VersionSpan
+    from megatron_apriel.records.rollouts import GroupTimings, Rollout, RolloutGroup, VersionSpan
+    from megatron_apriel.records.stream import ActorSnapshot, StreamWriter
 
     rng = np.random.default_rng(0)
     writer = StreamWriter(root)
@@ -58,8 +58,8 @@ def write_stream(root: Path, groups: int, size: int, prompt: int, completion: in
 def _imports():
     """The pieces under their names in this checkout or in the baseline (before: rollout/)."""
     try:
-        from megatron_apriel.rollout.config import RolloutConfig
-        from megatron_apriel.trainer.source import StreamSource
+        from megatron_apriel.records.config import RolloutConfig
+        from megatron_apriel.trainer.stream_source import StreamSource
     except ImportError:
         from megatron_apriel.rollout.source import RolloutConfig, StreamSource
     from megatron_apriel.trainer.batch import packed_microbatches

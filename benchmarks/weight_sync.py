@@ -34,10 +34,10 @@ import torch
 import torch.multiprocessing as mp
 
 from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.records.weights import Endpoint, StagePlan
 from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan
-from megatron_apriel.weight_sync.stream import DoubleBuffer, receive_stage, send_stage
 from megatron_apriel.weight_sync.transport import join_stage_group
+from megatron_apriel.weight_sync.wire import DoubleBuffer, receive_stage, send_stage
 
 
 def llama_like(hidden: int, ffn: int, layers: int, vocab: int, kv_ratio: int = 2) -> list[tuple[str, tuple]]:
@@ -226,13 +226,13 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
     import threading
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    from megatron_apriel.fleet.client import FleetClient
+    from megatron_apriel.fleet.config import SamplingConfig
     from megatron_apriel.model import ModelArch, ModelConfig, build_model
     from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-    from megatron_apriel.rollout.client import FleetClient
-    from megatron_apriel.rollout.config import SamplingConfig
     from megatron_apriel.weight_sync.config import WeightSyncConfig
+    from megatron_apriel.weight_sync.gather import table_to_hf
     from megatron_apriel.weight_sync.sender import WeightSender
-    from megatron_apriel.weight_sync.source import table_to_hf
 
     ctx = init_parallel(ParallelConfig())
     arch = ModelArch.from_hf_dir(model_dir)
@@ -263,7 +263,7 @@ def _pause_trainer(url: str, model_dir: str, updates: int, out) -> None:
 
 
 def pause(updates: int) -> None:
-    from megatron_apriel.rollout.fleet import start_server
+    from megatron_apriel.fleet.registry import start_server
     from megatron_apriel.tiny.model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:

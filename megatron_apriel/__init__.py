@@ -7,16 +7,15 @@ the longest name that matches a module places it (a layer may take several lines
 ``tests/unit/config/test_layers.py`` reads this table and the package's imports.
 
     0 settings:      config conf *.config choices rewards sampling
-    0 records:       rollout.types rollout.npy_base64 rollout.stream rollout.lag
-    0 records:       model.arch parallel.dims weight_sync.protocol
+    0 records:       records rollout model.arch parallel.dims
     0 processes:     stop lifetime process logs metrics refusals run_dir
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan
     4 sync, verify:  weight_sync verifiers serving
     5 data:          data
-    6 fleet access:  rollout.client rollout.fleet
-    7 sides:         trainer | rollout eval | tiny
+    6 fleet access:  fleet
+    7 sides:         trainer | actor eval | tiny
     8 launchers:     launch slurm
     9 entry points:  entrypoints
 

@@ -17,24 +17,33 @@ applied by `complete_mix`, not by Hydra, which merges a dict into a dict and can
     ~actor.sampler.weights.DOMAIN                 drop one
 
 The schema's default stays null (the paper's mix) so that a preset's mix replaces it instead of
-being merged into it. Entry points compose through `compose_config` or `hydra_entry`, which both
-do this.
+being merged into it. Every composition goes through `compose_config`, which does this.
+
+One resolved config per run. A launcher (``apriel-train``; ``job_step prepare`` on SLURM) composes
+once (`launch_config`) and writes the typed, resolved config to ``run_dir/config.yaml``
+(`save_run_config`); every other process of the run reads it back (`load_run_config`): trainer
+ranks, the actor, the SLURM job's serve and export steps, apriel-eval's base-model lookup. A
+relaunch or a requeue of the same run directory reads the saved config again, not the preset
+files: the command's overrides (``key=value``) are applied on top of it, and they are the way to
+change a setting of a run that exists.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.fleet.config import FleetConfig, SamplingConfig
 from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig, cp_alignment
+from megatron_apriel.records.config import RolloutConfig
 from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.config import ActorConfig, FleetConfig, RolloutConfig, SamplingConfig
 from megatron_apriel.run_dir import RunDir
 from megatron_apriel.sampling.domain_sampler import DOMAIN_MIX_PAPER
 from megatron_apriel.slurm.config import SlurmConfig
@@ -245,48 +254,30 @@ def compose_config(config_name: str, overrides: list[str], config_dir: Optional[
     """The config of ``--config-name config_name overrides...`` as ``apriel-train`` composes it,
     the domain mix written out (`complete_mix`); ``config_dir`` adds a directory of the user's own
     presets (Hydra's ``--config-dir``). A preset that does not exist, an unknown key, an ill-typed
-    value or a mix override that does not fit raises ``ValueError`` (one line)."""
-    from hydra import compose, initialize_config_module
+    value or a mix override that does not fit raises ``ValueError`` (one line).
+
+    Hydra finds the primary config in its primary directory only (``hydra.searchpath`` serves the
+    defaults lists): a preset of ``config_dir`` makes that directory primary, with the shipped
+    presets on the search path; otherwise the shipped presets are primary."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     rest, mix = split_mix_overrides(overrides)
-    extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
+    own = Path(config_dir).resolve() if config_dir else None
+    if own is not None and (own / f"{config_name}.yaml").is_file():
+        context = initialize_config_dir(config_dir=str(own), version_base=None)
+        extra = ["hydra.searchpath=[pkg://megatron_apriel.conf]"]
+    else:
+        context = initialize_config_module(config_module="megatron_apriel.conf", version_base=None)
+        extra = [f"hydra.searchpath=[file://{own}]"] if own else []
     try:
-        with initialize_config_module(config_module="megatron_apriel.conf", version_base=None):
+        with context:
             cfg = compose(config_name=config_name, overrides=[*rest, *extra])
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(hydra_error(err)) from err
     return complete_mix(cfg, mix)
-
-
-def hydra_entry(task: Callable[[DictConfig], None]) -> None:
-    """Run ``task`` as ``@hydra.main`` would (``--config-name``, default tiny_cpu, ``--config-dir``,
-    Hydra's flags), on the config with the domain mix written out (`complete_mix`). Hydra parses
-    ``sys.argv`` without the mix's overrides; ``task`` sees ``sys.argv`` whole again, to pass on.
-    Hydra's job is named after ``task``'s file (``train``, ``actor``), as with the decorator there."""
-    import hydra
-
-    argv = list(sys.argv)
-    rest, mix = split_mix_overrides(argv[1:])
-    if not any(a.lstrip("+").startswith("hydra.job.name=") for a in rest):
-        rest.append(f"hydra.job.name={Path(task.__code__.co_filename).stem}")  # __module__ may be __main__
-    if mix and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in rest):
-        raise ValueError("Hydra's --cfg prints the config before the domain mix overrides apply: drop --cfg and "
-                         "add launch.dry_run=true to see the mix the run would use.")
-
-    @hydra.main(config_path="conf", config_name="tiny_cpu", version_base=None)
-    def _task(cfg: DictConfig) -> None:
-        sys.argv[:] = argv
-        task(complete_mix(cfg, mix))
-
-    register_configs()
-    sys.argv[:] = [argv[0], *rest]
-    try:
-        _task()
-    finally:
-        sys.argv[:] = argv
 
 
 def compose_run(config_name: str, overrides: list[str],
@@ -295,3 +286,64 @@ def compose_run(config_name: str, overrides: list[str],
     (apriel-submit, apriel-plan, the SLURM job's steps): same presets, overrides and checks."""
     cfg = compose_config(config_name, overrides, config_dir)
     return to_run_config(cfg), cfg
+
+
+SAVED_PREAMBLE = """\
+# The resolved config of this run, written by its launcher (apriel-train, or the SLURM job's
+# prepare step). Every process of the run reads it; a relaunch of this run directory reads it
+# again (not the preset), with the relaunch's own overrides applied on top.
+defaults: [run_schema, _self_]
+"""
+SAVED_NAME = "config"
+"""``run_dir/config.yaml`` as a Hydra config name (the run directory is put on the search path)."""
+
+
+def save_run_config(run: RunConfig) -> Path:
+    """Write ``run`` to ``run_dir/config.yaml`` (atomically). With ``tiny_base.enabled`` the model
+    path is left to be derived from the run directory again (``run_dir/base``), so that a copy of
+    the run directory reads as itself."""
+    node = OmegaConf.structured(run)
+    if run.tiny_base.enabled:
+        node.model.hf_path = None
+    path = run.paths.config
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(SAVED_PREAMBLE + OmegaConf.to_yaml(node))
+    os.replace(tmp, path)
+    return path
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The run of ``run_dir`` as its launcher saved it, checked as on launch; ``run_dir`` is where
+    it was found (a copied run directory is itself)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    root = Path(run_dir).resolve()
+    path = RunDir(root).config
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: a run's processes read the config its launcher wrote; "
+                                "start the run with apriel-train (or apriel-submit on SLURM).")
+    try:
+        data = OmegaConf.load(path)
+        data.pop("defaults", None)
+        data.run_dir = str(root)
+        if OmegaConf.select(data, "tiny_base.enabled"):
+            data.model.hf_path = None
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{path}: {hydra_error(err)}") from err
+    return to_run_config(cfg)
+
+
+def launch_config(config_name: str, overrides: list[str], config_dir: Optional[str] = None) -> tuple[RunConfig, bool]:
+    """``(the run a launcher starts, whether it is a relaunch)``. The preset and overrides give the
+    run directory; when it holds a saved config (a relaunch, a requeue), that config is the base
+    and only the overrides are applied to it: preset files are not read again. The same command
+    run again gives the same run: an addition (``+key=value``) applies as add-or-change."""
+    run = to_run_config(compose_config(config_name, overrides, config_dir))
+    saved = run.paths.config
+    if not saved.is_file() or "defaults" not in OmegaConf.load(saved):  # a new run, or one saved before this form
+        return run, False
+    again = [f"+{a}" if a.startswith("+") and not a.startswith("++") else a for a in overrides]  # add or change
+    cfg = compose_config(SAVED_NAME, [*again, f"run_dir={run.run_dir}"], str(run.paths.root))
+    return to_run_config(cfg), True

@@ -5,9 +5,9 @@ contract: tools and users read it).
     RUN_DIR/
       config.yaml      the run's resolved config (written once, by the first trainer rank)
       base/            the tiny presets' built base model (tiny_base.enabled)
-      rollouts/        the durable stream, and the trainer's progress (rollout/stream.py)
+      rollouts/        the durable stream, and the trainer's progress (records/stream.py)
       checkpoints/     step_NNNNNNNN/ and ``latest`` (trainer/checkpoint.py)
-      fleet/           one registration per healthy vLLM server (rollout/fleet.py)
+      fleet/           one registration per healthy vLLM server (fleet/registry.py)
       tensorboard/     the trainer's scalars; actor/ the actor's
       logs/            <component>.log and metrics.jsonl
       hf/              the final checkpoint in Hugging Face format

@@ -88,7 +88,7 @@ def trainer_steps(precision: str, ctx, steps: int = 2) -> list[dict]:
     from hydra import compose, initialize_config_module
 
     from megatron_apriel.config import register_configs, to_run_config
-    from megatron_apriel.entrypoints.train import build_trainer
+    from megatron_apriel.entrypoints.trainer_rank import build_trainer
 
     register_configs()
     with tempfile.TemporaryDirectory() as tmp, initialize_config_module("megatron_apriel.conf", version_base=None):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from megatron_apriel.data import load_problems
 from megatron_apriel.data.datasets import write_problems
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from tools.prepare_data import bfcl_data_dir, convert_file
 
 PICK = {"simple_python": 4, "multiple": 3, "parallel": 3, "parallel_multiple": 3, "live_simple": 3,

@@ -12,7 +12,7 @@ import reasoning_gym
 
 from megatron_apriel.data.converters import CODE_SUFFIX, MATH_SUFFIX
 from megatron_apriel.data.datasets import write_problems
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 MATH = [("What is 3/4 + 1/4 - 1/2?", r"\frac{1}{2}"), ("Solve 2x + 6 = 0 for x.", "-3"),
         ("What is the sum of the interior angles of a hexagon, in degrees?", "720"),

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from megatron_apriel.records.stream import StreamReader, StreamWriter
 from megatron_apriel.rewards import length_penalty, task_reward
-from megatron_apriel.rollout.stream import StreamReader, StreamWriter
 from megatron_apriel.sampling import AdaptiveDomainSampler
 
 

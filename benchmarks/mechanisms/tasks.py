@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from megatron_apriel.data.converters import CODE_SUFFIX, MATH_SUFFIX
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.tiny.base import addition_problems, answer_text
 from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL
 

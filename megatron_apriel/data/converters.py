@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from megatron_apriel.data.lcb import decode_test_cases, to_verifier_tests
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.function_calling import unpassable_reason
 from megatron_apriel.verifiers.ifeval import SUPPORTED_INSTRUCTIONS
 from megatron_apriel.verifiers.logic import I3_SKIPPED_TASKS

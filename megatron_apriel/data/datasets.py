@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import datasets
 
-from megatron_apriel.rollout.types import DOMAINS, Problem
+from megatron_apriel.records.rollouts import DOMAINS, Problem
 
 _COLUMNS = ("id", "domain", "prompt", "reference", "metadata")
 
@@ -134,7 +134,7 @@ class ProblemPools:
 def training_pools(files: Sequence[str], mix: dict[str, float]) -> ProblemPools:
     """The problems of ``actor.data`` (``files``), checked against the sampler's ``mix``: clear
     errors before anything starts (the launchers' preflight and the actor read them alike)."""
-    from megatron_apriel.rollout.types import EVAL_DOMAINS
+    from megatron_apriel.records.rollouts import EVAL_DOMAINS
 
     if not files:
         raise ValueError("actor.data is empty: list the problem files (jsonl/parquet) the actor draws from.")

@@ -14,7 +14,7 @@ import random
 from typing import Any, Mapping
 
 from megatron_apriel.data.datasets import ProblemPools
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 _STATE_VERSION = 1
 

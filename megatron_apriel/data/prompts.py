@@ -5,7 +5,7 @@ The one place prompts are rendered, for training rollouts and for evaluation ali
 
 from __future__ import annotations
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 
 def render_prompt(tokenizer, problem: Problem) -> list[int]:

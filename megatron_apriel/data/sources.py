@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from megatron_apriel.data.converters import CONVERTERS, SkipRow
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
 

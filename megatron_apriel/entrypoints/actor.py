@@ -1,9 +1,9 @@
 """The actor process: problems -> vLLM fleet -> verifiers -> rewards -> the durable rollout stream.
 
-    python -m megatron_apriel.entrypoints.actor --config-name apriel_15b run_dir=/shared/runs/x [overrides]
+    python -m megatron_apriel.entrypoints.actor --run-dir /shared/runs/x
 
-Takes the same config (and overrides) as ``apriel-train``; ``apriel-train`` starts it by itself on
-one machine, SLURM runs it on a rollout node. It finds the servers in ``fleet.servers`` or in
+Reads the run's config from ``run_dir/config.yaml`` (its launcher wrote it); ``apriel-train``
+starts it by itself on one machine, SLURM runs it on a rollout node. It finds the servers in ``fleet.servers`` or in
 ``run_dir/fleet/`` and resumes from the stream in ``run_dir/rollouts/`` if there is one. Stops
 cleanly (writing what has finished) on SIGTERM or SIGINT.
 
@@ -12,17 +12,16 @@ This module is the actor's composition root: it builds every collaborator from t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
+from typing import Optional
 
-from omegaconf import DictConfig
-
-from megatron_apriel.config import RunConfig, hydra_entry, register_configs, to_run_config
+from megatron_apriel.config import RunConfig, load_run_config
 from megatron_apriel.logs import setup_logging
 
 log = logging.getLogger("megatron_apriel.actor")
-register_configs()
 
 
 def verifier_pool(run: RunConfig):
@@ -33,13 +32,13 @@ def verifier_pool(run: RunConfig):
 
 
 async def _run_actor(run: RunConfig) -> None:
+    from megatron_apriel.actor.loop import Actor, load_tokenizer
     from megatron_apriel.data.datasets import training_pools
     from megatron_apriel.data.order import DomainOrder
+    from megatron_apriel.fleet.client import FleetClient
+    from megatron_apriel.fleet.registry import fleet_urls, registered
     from megatron_apriel.metrics import TensorBoardLogger
-    from megatron_apriel.rollout.actor import Actor, load_tokenizer
-    from megatron_apriel.rollout.client import FleetClient
-    from megatron_apriel.rollout.fleet import fleet_urls, registered
-    from megatron_apriel.rollout.stream import StreamWriter
+    from megatron_apriel.records.stream import StreamWriter
     from megatron_apriel.verifiers import verify_group
 
     pools = training_pools(run.actor.data, run.actor.sampler.mix)
@@ -74,13 +73,12 @@ async def _run_actor(run: RunConfig) -> None:
     log.info("actor stopped: %d groups in the stream", actor.stream.next_seq)
 
 
-def _main(cfg: DictConfig) -> None:
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m megatron_apriel.entrypoints.actor", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True, help="the run directory its launcher prepared")
+    args = p.parse_args(argv)
     setup_logging("actor")
-    asyncio.run(_run_actor(to_run_config(cfg)))
-
-
-def main() -> None:
-    hydra_entry(_main)
+    asyncio.run(_run_actor(load_run_config(args.run_dir)))
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     from megatron_apriel.eval.runner import EvalConfig
     from megatron_apriel.eval.serving import inspect_checkpoint
     from megatron_apriel.eval.session import check_manifest
-    from megatron_apriel.rollout.config import SamplingConfig
+    from megatron_apriel.fleet.config import SamplingConfig
 
     sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                               stop=tuple(args.stop))
@@ -171,7 +171,7 @@ async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[
     from transformers import AutoTokenizer
 
     from megatron_apriel.eval.session import run_benchmarks
-    from megatron_apriel.rollout.client import FleetClient
+    from megatron_apriel.fleet.client import FleetClient
     from megatron_apriel.verifiers import make_verifier_pool
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -1,16 +1,19 @@
-"""The steps of the SLURM job (``slurm/train.sbatch``) that need the run's config; each composes
-it from the same ``--config-name`` and overrides as the trainer and the actor:
+"""The steps of the SLURM job (``slurm/train.sbatch``) that need the run's config. ``prepare`` is
+the job's launcher: it composes the run once and writes it to ``run_dir/config.yaml``; every other
+step, the actor and the trainer ranks read that file:
 
     python -m megatron_apriel.entrypoints.job_step prepare --facts FILE --train-nodes 4 --train-tasks-per-node 8 \\
         --rollout-nodes 4 --servers-per-node 8 --config-name apriel_15b [overrides]
     # one srun task per server:
-    python -m megatron_apriel.entrypoints.job_step serve --config-name apriel_15b [overrides]
-    python -m megatron_apriel.entrypoints.job_step export --config-name apriel_15b [overrides]
+    python -m megatron_apriel.entrypoints.job_step serve --run-dir RUN_DIR
+    python -m megatron_apriel.entrypoints.job_step export --run-dir RUN_DIR
 
-- ``prepare`` (once per attempt, before anything starts): the allocation against the config, the
-  launcher's own input checks (data rows, budgets) and the tiny base model when the config builds
-  one (``tiny_base.enabled``); removes the fleet registrations an earlier attempt left; writes
-  the facts the job script needs (``APRIEL_STEPS``) as shell assignments into ``--facts``.
+- ``prepare`` (once per attempt, before anything starts): the run's config (a requeued attempt
+  reads the saved one, with the job's overrides applied again: the same run), the allocation
+  against it, the launcher's own input checks (data rows, budgets) and the tiny base model when
+  the config builds one (``tiny_base.enabled``); writes the config; removes the fleet
+  registrations an earlier attempt left; writes the facts the job script needs (``APRIEL_STEPS``)
+  as shell assignments into ``--facts``.
 - ``serve`` (one task per server): server ``SLURM_LOCALID`` of this node listens on
   ``APRIEL_SERVER_PORT + SLURM_LOCALID``, registers under this node's address (``APRIEL_NODE_ADDRS``
   maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs;
@@ -26,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from megatron_apriel.config import compose_run
+from megatron_apriel.config import launch_config, load_run_config, save_run_config
 from megatron_apriel.refusals import REFUSALS, refuse
 
 
@@ -34,8 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m megatron_apriel.entrypoints.job_step",
                                 description=__doc__.split("\n")[0])
     p.add_argument("step", choices=["prepare", "serve", "export"])
-    p.add_argument("--config-name", required=True)
-    p.add_argument("--config-dir", default=None)
+    p.add_argument("--config-name", default=None, help="prepare: the run's preset")
+    p.add_argument("--config-dir", default=None, help="prepare: a directory of your own presets")
+    p.add_argument("--run-dir", default=None, help="serve, export: the run directory prepare wrote the config into")
     p.add_argument("--facts", default=None, help="prepare: write the job's facts here (shell assignments)")
     for name in ("train-nodes", "train-tasks-per-node", "rollout-nodes", "servers-per-node"):
         p.add_argument(f"--{name}", type=int, default=None, help="prepare: what the allocation holds")
@@ -53,6 +57,7 @@ def prepare(run, args) -> None:
     layout = check_allocation(run, args.train_nodes, args.train_tasks_per_node, args.rollout_nodes,
                               args.servers_per_node)
     preflight(run)
+    save_run_config(run)
     stale = run.paths.clear_registrations()  # servers of an earlier attempt: dead, their URLs may be reused
     facts = {"APRIEL_STEPS": run.trainer.steps, "APRIEL_NUM_SERVERS": layout.num_servers}
     Path(args.facts).write_text("".join(f"{k}={v}\n" for k, v in facts.items()))
@@ -79,8 +84,8 @@ def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible:
 
 
 def serve(run) -> None:
+    from megatron_apriel.fleet.registry import serve_command
     from megatron_apriel.launch.components import server_flags
-    from megatron_apriel.rollout.fleet import serve_command
 
     env = os.environ
     local = int(env["SLURM_LOCALID"])
@@ -107,10 +112,22 @@ def export(run) -> None:
     print(f"export: {'wrote ' + str(out) if out else 'no checkpoint to export'}", flush=True)
 
 
+def run_config(args, overrides: list[str]):
+    """prepare: composed once (or the saved run's, with the overrides again); the others: saved."""
+    if args.step == "prepare":
+        if args.config_name is None:
+            raise ValueError("prepare needs --config-name (and the run's overrides).")
+        return launch_config(args.config_name, overrides, args.config_dir)[0]
+    if args.run_dir is None or overrides:
+        raise ValueError(f"{args.step} reads the run's saved config: give --run-dir RUN_DIR and nothing else "
+                         f"(got {' '.join(overrides) or 'no --run-dir'}).")
+    return load_run_config(args.run_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     try:
-        run, _ = compose_run(args.config_name, overrides, args.config_dir)
+        run = run_config(args, overrides)
         code = {"prepare": lambda: prepare(run, args), "serve": lambda: serve(run),
                 "export": lambda: export(run)}[args.step]()
     except REFUSALS as err:

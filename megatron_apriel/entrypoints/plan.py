@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from megatron_apriel.model.arch import ModelArch
-from megatron_apriel.plan.fleet import plan_fleet, stage_update_bytes, weights_bytes
 from megatron_apriel.plan.layouts import TrainerSettings, plan_layouts, recommend
 from megatron_apriel.plan.params import parameter_count
 from megatron_apriel.plan.report import render_text
+from megatron_apriel.plan.servers import plan_fleet, stage_update_bytes, weights_bytes
 from megatron_apriel.refusals import REFUSALS, refuse
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -22,7 +22,7 @@ What it adds to a plain vLLM server:
   vLLM refuses it (no Triton), our capture fills the same field (``serving.routed_experts``;
   prefix caching off);
 - ``--register-dir RUN_DIR/fleet``: once the server answers ``/health``, its URL and a fresh
-  instance id are written there (``rollout.fleet.register``), so a run finds its fleet without
+  instance id are written there (``fleet.registry.register``), so a run finds its fleet without
   sharing a process tree with it. ``--advertise-host`` names the host others reach it at
   (default: ``--host``, or this machine's hostname when it listens on 0.0.0.0).
 
@@ -47,8 +47,8 @@ import socket
 import sys
 import time
 
+from megatron_apriel.fleet.config import ServerArgs
 from megatron_apriel.refusals import refuse
-from megatron_apriel.rollout.config import ServerArgs
 
 LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 CPU_LAUNCHER = "megatron_apriel.serving.launch"
@@ -135,7 +135,7 @@ def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s:
     try:
         import httpx
 
-        from megatron_apriel.rollout.fleet import register
+        from megatron_apriel.fleet.registry import register
 
         while True:
             try:

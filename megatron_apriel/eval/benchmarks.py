@@ -17,7 +17,7 @@ from pathlib import Path
 
 from megatron_apriel.data.datasets import load_problems
 from megatron_apriel.data.sources import convert_rows
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 FORMATS: tuple[str, ...] = ("aime", "gpqa", "mmlu_pro", "livecodebench", "problems")
 DEFAULT_SAMPLES: dict[str, int] = {"aime": 16, "gpqa": 8, "mmlu_pro": 1, "livecodebench": 4, "problems": 4}

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from megatron_apriel.rollout.types import Outcome, TokenIds
+from megatron_apriel.records.rollouts import Outcome, TokenIds
 
 SCHEMA_VERSION = 1
 

@@ -19,9 +19,9 @@ from megatron_apriel.data.prompts import render_prompt
 from megatron_apriel.eval.metrics import truncate_at_budget
 from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile, SampleRecord
 from megatron_apriel.eval.scoring import score_texts
-from megatron_apriel.rollout.client import Completion, FleetClient
-from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.fleet.client import Completion, FleetClient
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.rollouts import Problem
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers import VERIFIERS, Verifier, VerifierResult, run_verifier
 from megatron_apriel.verifiers.multiple_choice import MultipleChoiceVerifier
 

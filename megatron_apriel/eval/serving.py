@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from megatron_apriel.rollout.fleet import ServerProcess, start_server
+from megatron_apriel.fleet.registry import ServerProcess, start_server
 from megatron_apriel.run_dir import RunDir
 
 CONVERTED = "hf_converted"
@@ -36,14 +36,12 @@ def run_base_model(dist: Path) -> Optional[Path]:
         run_dir = RunDir(parent)
         config = run_dir.config
         if run_dir.checkpoints.is_dir() and config.is_file():
-            from omegaconf import OmegaConf
+            from megatron_apriel.config import load_run_config
 
-            hf_path = OmegaConf.select(OmegaConf.load(config), "model.hf_path")
-            if hf_path:
-                return Path(hf_path)
-            if (run_dir.base / "config.json").is_file():
-                return run_dir.base
-            return None
+            run = load_run_config(parent)  # with tiny_base.enabled, model.hf_path is run_dir/base
+            if not run.model.hf_path or (run.tiny_base.enabled and not (run_dir.base / "config.json").is_file()):
+                return None
+            return Path(run.model.hf_path)
     return None
 
 

@@ -19,8 +19,8 @@ from megatron_apriel.eval.report import REPORT_KIND, write_report
 from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile
 from megatron_apriel.eval.runner import BenchmarkRun, EvalConfig, evaluate_benchmark, rescore_at_budgets
 from megatron_apriel.eval.summary import ordered_records, summarise
-from megatron_apriel.rollout.client import FleetClient
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.fleet.client import FleetClient
+from megatron_apriel.records.rollouts import Problem
 
 MANIFEST = "manifest.json"
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from megatron_apriel.eval.metrics import ks_for, mean_ci95, pass_at_k
 from megatron_apriel.eval.results import SampleRecord
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 
 
 def ordered_records(problems: Sequence[Problem], records: dict[tuple[str, int], SampleRecord],

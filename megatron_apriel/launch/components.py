@@ -1,11 +1,12 @@
 """The processes of a run on one machine, and their command lines:
 
     server_<i>   ``fleet.num_servers`` x apriel-serve (vLLM + weight receiver), registered in run_dir/fleet/
-    actor        python -m megatron_apriel.entrypoints.actor (same config and overrides)
-    trainer      torchrun --nproc_per_node launch.nproc_per_node -m megatron_apriel.entrypoints.train
+    actor        python -m megatron_apriel.entrypoints.actor --run-dir RUN_DIR
+    trainer      torchrun --nproc_per_node launch.nproc_per_node -m megatron_apriel.entrypoints.trainer_rank
+                 --run-dir RUN_DIR
 
-``rollout.source=local`` runs the trainer alone. Every child gets this command's own config name
-and overrides, with the run directory made absolute.
+``rollout.source=local`` runs the trainer alone. The actor and the trainer ranks read the run's
+config from ``run_dir/config.yaml``, which the launcher writes before it starts them.
 """
 
 from __future__ import annotations
@@ -16,13 +17,10 @@ import sys
 from dataclasses import dataclass
 
 from megatron_apriel.config import RunConfig
+from megatron_apriel.fleet.registry import serve_command
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
-from megatron_apriel.rollout.fleet import serve_command
 from megatron_apriel.run_dir import RunDir
-
-LAUNCHER_ONLY = ("run_dir=", "launch.dry_run=")
-"""Overrides not passed on to the components: the run directory (made absolute) and the dry run."""
 
 _EXCEPTION = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
 """A Python traceback's last line (``pkg.mod.SomeError: message``)."""
@@ -47,11 +45,6 @@ def run_env(run_dir: str) -> dict:
     return {"MPLCONFIGDIR": os.environ.get("MPLCONFIGDIR", str(RunDir(run_dir).cache / "matplotlib"))}
 
 
-def child_overrides(run: RunConfig, argv: list[str]) -> list[str]:
-    """This command's own arguments (config name and overrides), with the run directory made absolute."""
-    return [a for a in argv if not a.startswith(LAUNCHER_ONLY)] + [f"run_dir={run.run_dir}"]
-
-
 def serves_moe(run: RunConfig) -> bool:
     """Whether the fleet serves a mixture of experts (the tiny base's setting when it is built here)."""
     if run.tiny_base.enabled:
@@ -74,12 +67,11 @@ def server_flags(run: RunConfig) -> list[str]:
     return list(args.argv)
 
 
-def components(run: RunConfig, argv: list[str]) -> list[Component]:
-    """The processes a run starts on this machine (servers, actor, trainer), not yet started;
-    ``argv``: this command's arguments, passed on."""
+def components(run: RunConfig) -> list[Component]:
+    """The processes a run starts on this machine (servers, actor, trainer), not yet started."""
     paths = run.paths
     env = run_env(run.run_dir)
-    overrides = child_overrides(run, argv)
+    run_dir = ["--run-dir", run.run_dir]
     out: list[Component] = []
     fleet = run.rollout.source == "fleet"
     if fleet and not run.fleet.servers:
@@ -91,13 +83,13 @@ def components(run: RunConfig, argv: list[str]) -> list[Component]:
             out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), env,
                                  restarts_left=run.fleet.max_restarts))
     if fleet:
-        out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *overrides],
+        out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *run_dir],
                              paths.log("actor"), env, restarts_left=run.fleet.max_restarts))
     # launch.master_port=0: torchrun binds a free port itself when it starts (--standalone). A port
     # picked here could be taken by then: the servers start first and bind ports of their own.
     rendezvous = ["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"]
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                      str(run.launch.nproc_per_node), *rendezvous, "-m",
-                                     "megatron_apriel.entrypoints.train", *overrides],
+                                     "megatron_apriel.entrypoints.trainer_rank", *run_dir],
                          paths.log("trainer"), env))
     return out

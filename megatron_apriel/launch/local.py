@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from megatron_apriel.config import RunConfig
+from megatron_apriel.config import RunConfig, save_run_config
 from megatron_apriel.launch.components import Component, components
 from megatron_apriel.launch.export import checkpointed_step, export_hf
 from megatron_apriel.launch.preflight import preflight
@@ -41,8 +41,8 @@ class Launcher:
         return [c for c in self.components if c.name.startswith("server_")]
 
     def start_fleet(self) -> None:
-        from megatron_apriel.rollout.fleet import registered
-        from megatron_apriel.rollout.stream import clear_progress
+        from megatron_apriel.fleet.registry import registered
+        from megatron_apriel.records.stream import clear_progress
 
         paths = self.run.paths
         clear_progress(paths.rollouts)  # a previous trainer's: the actor waits for the new one
@@ -113,12 +113,12 @@ MANY_NODES = ("launch.nnodes={n}: apriel-train starts one machine. Submit it wit
               "`python -m megatron_apriel.entrypoints.actor` (same config), or set launch.nnodes=1.")
 
 
-def launch(run: RunConfig, argv: list[str]) -> int:
-    """Run the whole job on this machine (``argv``: this command's config name and overrides,
-    passed on to the components); returns the process exit code."""
+def launch(run: RunConfig) -> int:
+    """Run the whole job on this machine; returns the process exit code. The components read the
+    run's config from ``run_dir/config.yaml``, written here once the checks pass (not by a dry run)."""
     try:
         preflight(run)  # the dry run runs the same checks: it says what the launch would refuse
-        parts = components(run, argv)
+        parts = components(run)
         report = describe(run, parts) if run.launch.dry_run else ""
     except REFUSALS as err:
         refuse("apriel-train", err)
@@ -128,6 +128,7 @@ def launch(run: RunConfig, argv: list[str]) -> int:
         return 0
     if run.launch.nnodes > 1:
         refuse("apriel-train", many_nodes)
+    save_run_config(run)
     return _run(run, Launcher(run, parts))
 
 

@@ -32,7 +32,9 @@ def _check_run(run: RunConfig) -> None:
     """What any SLURM job of ours needs from the run, whatever the nodes."""
     if run.rollout.source != "fleet":
         raise ValueError(f"rollout.source={run.rollout.source}: the SLURM job runs the vLLM fleet and the actor; "
-                         "for the trainer alone run `srun ... python -m megatron_apriel.entrypoints.train` directly.")
+                         "for the trainer alone write the run directory with `apriel-train ... launch.dry_run=false` "
+                         "on one node, or run `srun ... python -m megatron_apriel.entrypoints.trainer_rank --run-dir "
+                         "RUN_DIR` on a run directory its launcher prepared.")
     if run.fleet.servers:
         raise ValueError(f"fleet.servers={run.fleet.servers}: the SLURM job starts its own fleet; leave fleet.servers "
                          "empty and set fleet.num_servers.")

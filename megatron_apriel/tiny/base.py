@@ -21,7 +21,7 @@ import random
 import shutil
 from pathlib import Path
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.tiny.config import TinyBaseConfig
 
 # The verifiers' markers and the converters' math instruction, imported lazily: this module's

@@ -1,7 +1,8 @@
 """``Trainer.run``: rollouts -> GSPO step -> weights to the fleet -> metrics -> checkpoint.
 
-The trainer receives its collaborators from the entry point (``entrypoints/train.py``, the
-composition root) and never picks a concrete one itself: the model stage and its optimizer, a
+The trainer receives its collaborators from the entry point (``entrypoints/trainer_rank.py``, the
+composition root) with its own settings (``trainer.*``, ``loss.*``, ``checkpoint.*``), never the
+whole run's, and never picks a concrete one itself: the model stage and its optimizer, a
 `RolloutSource` (the stream the actor writes, or the local self-sampling source), an optional
 weight sender (the vLLM fleet) and a metric logger.
 """
@@ -14,14 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron_apriel.config import RunConfig
 from megatron_apriel.metrics import MetricLogger
 from megatron_apriel.model.arch import ModelArch
 from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.rollout.types import TrainSample
+from megatron_apriel.records.rollouts import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, cp_shard, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (
@@ -32,8 +32,9 @@ from megatron_apriel.trainer.checkpoint import (
     save_checkpoint,
     step_dir,
 )
-from megatron_apriel.trainer.source import RolloutSource
+from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
 from megatron_apriel.trainer.step import NonFiniteError, train_step
+from megatron_apriel.trainer.stream_source import RolloutSource
 
 log = logging.getLogger("megatron_apriel")
 
@@ -51,15 +52,19 @@ class ModelParts:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, ctx: ParallelContext, parts: ModelParts, source: RolloutSource,
-                 logger: MetricLogger, sender=None, *, stop: Optional[StopFlag] = None):
-        """``sender``: a `WeightSender` for the vLLM fleet, or None (the local source needs none).
-        ``stop``: the rank's stop requests (signals, stop file); None installs the signal handlers here."""
-        self.cfg, self.ctx = cfg, ctx
+    def __init__(self, *, trainer: TrainerConfig, loss: LossConfig, checkpoint: CheckpointConfig,
+                 checkpoints: Path, init_hf: Optional[str], ctx: ParallelContext, parts: ModelParts,
+                 source: RolloutSource, logger: MetricLogger, sender=None, stop: Optional[StopFlag] = None):
+        """``checkpoints``: the run's checkpoint directory. ``init_hf``: the Hugging Face model the
+        weights start from when there is no checkpoint to resume and no ``checkpoint.load`` (the one
+        the fleet serves). ``sender``: a `WeightSender` for the vLLM fleet, or None (the local source
+        needs none). ``stop``: the rank's stop requests (signals, stop file); None installs the
+        signal handlers here."""
+        self.t, self.loss_cfg, self.ckpt, self.init_hf, self.ctx = trainer, loss, checkpoint, init_hf, ctx
         self.arch, self.chunks, self.routing = parts.arch, parts.chunks, parts.routing
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.source, self.logger, self.sender = source, logger, sender
-        self.ckpt_root = cfg.paths.checkpoints
+        self.ckpt_root = Path(checkpoints)
         self.step = 0
         self.stop = stop if stop is not None else StopFlag()
         self._step_s = self._save_s = 0.0
@@ -73,25 +78,25 @@ class Trainer:
         """Resume from the newest complete checkpoint, else initial weights: ``checkpoint.load`` (a
         Megatron checkpoint), else the Hugging Face model of ``model.hf_path`` (the one the fleet
         serves), else the random init of an inline ``model.arch``."""
-        latest = latest_checkpoint(self.ckpt_root) if self.cfg.checkpoint.resume else None
+        latest = latest_checkpoint(self.ckpt_root) if self.ckpt.resume else None
         if latest is not None:
             state = load_checkpoint(latest, chunks=self.chunks, optimizer=self.optimizer, scheduler=self.scheduler,
                                     ctx=self.ctx)
             self.step = state["step"]
             self.source.load_state_dict(state["source"])
             log.info("resumed from %s at step %d", latest, self.step)
-        elif self.cfg.checkpoint.load:
-            load_model_weights(self.cfg.checkpoint.load, self.chunks)
-            log.info("initial weights from %s", self.cfg.checkpoint.load)
-        elif self.cfg.model.hf_path:
-            load_hf_weights(self.cfg.model.hf_path, self.chunks, self.arch, self.ctx)
-            log.info("initial weights from %s", self.cfg.model.hf_path)
+        elif self.ckpt.load:
+            load_model_weights(self.ckpt.load, self.chunks)
+            log.info("initial weights from %s", self.ckpt.load)
+        elif self.init_hf:
+            load_hf_weights(self.init_hf, self.chunks, self.arch, self.ctx)
+            log.info("initial weights from %s", self.init_hf)
 
     def save(self) -> None:
         t0 = time.perf_counter()
         path = save_checkpoint(self.ckpt_root, self.step, chunks=self.chunks, optimizer=self.optimizer,
                                scheduler=self.scheduler, ctx=self.ctx, extra={"source": self.source.state_dict()},
-                               arch=self.arch, keep_last=self.cfg.checkpoint.keep_last)
+                               arch=self.arch, keep_last=self.ckpt.keep_last)
         self._save_s = time.perf_counter() - t0
         log.info("saved %s in %.1fs", path, self._save_s)
         self._write_stop_cost(path)
@@ -104,7 +109,7 @@ class Trainer:
             (path / f"{STOP_COST_FILE}.tmp").rename(path / STOP_COST_FILE)
 
     def microbatches(self, samples: list[TrainSample]) -> list[MicroBatch]:
-        t = self.cfg.trainer
+        t = self.t
         ids = list(range(len(samples)))
         if t.packing:
             dims = self.ctx.dims
@@ -117,8 +122,8 @@ class Trainer:
         mbs = self.microbatches(samples)
         try:
             return train_step(self.chunks, mbs, optimizer=self.optimizer, scheduler=self.scheduler, ctx=self.ctx,
-                              cfg=self.cfg.loss, vocab_size=self.arch.vocab_size, routing=self.routing,
-                              logprob_chunk_tokens=self.cfg.trainer.logprob_chunk_tokens)
+                              cfg=self.loss_cfg, vocab_size=self.arch.vocab_size, routing=self.routing,
+                              logprob_chunk_tokens=self.t.logprob_chunk_tokens)
         except NonFiniteError as err:
             where = err.microbatches or range(len(mbs))
             groups = sorted({samples[i].group for m in where for i in mbs[m].sample_ids})
@@ -155,8 +160,8 @@ class Trainer:
             log.warning("fleet changed while waiting for rollouts: sent it the weights of version %d", self.step)
 
     def _checkpoint_due(self, stop: bool) -> bool:
-        every, last = self.cfg.checkpoint.save_every, self.step == self.cfg.trainer.steps
-        return stop or bool(every and self.step % every == 0) or (last and self.cfg.checkpoint.save_at_end)
+        every, last = self.ckpt.save_every, self.step == self.t.steps
+        return stop or bool(every and self.step % every == 0) or (last and self.ckpt.save_at_end)
 
     def run(self) -> list[dict[str, float]]:
         """Train until ``trainer.steps`` or a stop request; returns this run's per-step metrics.
@@ -169,12 +174,12 @@ class Trainer:
         """
         history: list[dict[str, float]] = []
         try:
-            if self.step >= self.cfg.trainer.steps:
+            if self.step >= self.t.steps:
                 log.warning("%s already holds step %d of %d: nothing to do. Raise trainer.steps to continue or "
-                            "choose a new run_dir.", self.ckpt_root, self.step, self.cfg.trainer.steps)
+                            "choose a new run_dir.", self.ckpt_root, self.step, self.t.steps)
             elif not self.stopping():
                 self.sync_weights()  # the fleet serves this step's weights before a rollout is trained on
-            while self.step < self.cfg.trainer.steps:
+            while self.step < self.t.steps:
                 if self.stopping():
                     raise StopRequested
                 metrics, stop = self._step()
@@ -204,7 +209,7 @@ class Trainer:
                 stop = True
         metrics.update({"time/wait_rollouts_s": t1 - t0, "time/train_s": t2 - t1,
                         "time/step_s": time.perf_counter() - t0})
-        if (self.step - 1) % self.cfg.trainer.log_every == 0:
+        if (self.step - 1) % self.t.log_every == 0:
             self.logger.log(metrics, self.step - 1)
         if self._checkpoint_due(stop):
             self.save()

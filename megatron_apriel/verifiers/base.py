@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Protocol
 
-from megatron_apriel.rollout.types import Outcome, Problem
+from megatron_apriel.records.rollouts import Outcome, Problem
 
 BEGIN_FINAL = "[BEGIN FINAL RESPONSE]"
 END_FINAL = "[END FINAL RESPONSE]"

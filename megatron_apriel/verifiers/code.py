@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any, Protocol
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

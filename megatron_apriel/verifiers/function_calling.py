@@ -47,7 +47,7 @@ import json
 import re
 from typing import Any
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

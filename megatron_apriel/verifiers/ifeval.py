@@ -19,7 +19,7 @@ import langdetect
 from if_verifiable.common import evaluate_instructions
 from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

@@ -21,7 +21,7 @@ from typing import Any
 
 import reasoning_gym
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

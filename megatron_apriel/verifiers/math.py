@@ -12,7 +12,7 @@ from __future__ import annotations
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

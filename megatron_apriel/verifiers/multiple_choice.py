@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import string
 
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
     VerifierResult,

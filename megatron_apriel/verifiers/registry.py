@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 from megatron_apriel.lifetime import die_with_parent
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import Outcome, Verifier, VerifierResult, extract_final_response, run_verifier
 from megatron_apriel.verifiers.code import CodeVerifier
 from megatron_apriel.verifiers.config import VerifiersConfig

@@ -18,8 +18,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from megatron_apriel.records.weights import BucketLayout, ChecksumAlgo, TensorSlot
 from megatron_apriel.weight_sync.config import ALIGN
-from megatron_apriel.weight_sync.protocol import BucketLayout, ChecksumAlgo, TensorSlot
 
 _SUM_BLOCK = 1 << 17  # 64-bit words per block of sum64
 BLOCK_BYTES = _SUM_BLOCK * 8  # 1 MiB: sum64's block

@@ -14,7 +14,7 @@ from typing import Optional
 
 import httpx
 
-from megatron_apriel.weight_sync.protocol import (
+from megatron_apriel.records.weights import (
     TransferInit,
     UpdateRequest,
     UpdateResult,

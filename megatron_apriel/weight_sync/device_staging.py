@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
+from megatron_apriel.records.weights import BucketLayout
 from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.protocol import BucketLayout
 
 
 def host_buffer(pool: dict, layout: BucketLayout, pin: bool) -> torch.Tensor:

@@ -41,11 +41,11 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from megatron_apriel.records.weights import TransferInit, UpdateRequest, UpdateResult
 from megatron_apriel.serving.routed_experts import RoutedExpertsCapture
 from megatron_apriel.weight_sync.device_staging import device_tensors
-from megatron_apriel.weight_sync.protocol import TransferInit, UpdateRequest, UpdateResult
-from megatron_apriel.weight_sync.stream import StageInbox, receive_stage
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
+from megatron_apriel.weight_sync.wire import StageInbox, receive_stage
 
 log = logging.getLogger("vllm.apriel.weight_sync")
 """Under vLLM's logger, so its handlers print our lines in the server log (ours has none in a worker)."""

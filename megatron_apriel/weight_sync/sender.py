@@ -7,12 +7,12 @@ Call on every trainer rank (never imports vLLM)::
     report = sender.push(version=step)    # after each optimizer step (or every k steps)
 
 ``members`` is the fleet: a list of server URLs, or a function returning ``(url, instance)``
-pairs (the run directory's registrations, ``rollout/fleet.py``). Before each push the coordinator
+pairs (the run directory's registrations, ``fleet/registry.py``). Before each push the coordinator
 checks the fleet: on the first push, when a server joined, left or restarted (a new instance, or
 a version other than the last one pushed), every rank drops its groups and the whole fleet joins
 new ones (``connect``), so a restarted or late server gets the current weights with the next
 push. Until then it serves its start-up weights, under their own version label; the actor's
-client does not send it requests (``rollout/client.py``, version gate).
+client does not send it requests (``fleet/client.py``, version gate).
 
 Roles (``source.source_role``): each pipeline stage's sender is its (tp_rank 0, dp_rank 0) rank;
 the other TP ranks of that replica only take part in the TP gathers; with a mixture of experts,
@@ -47,14 +47,14 @@ import torch.distributed as dist
 
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
+from megatron_apriel.records.weights import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.config import WeightSyncConfig
 from megatron_apriel.weight_sync.control import Probe, ServerError, WeightSyncControl, probe_versions
-from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
-from megatron_apriel.weight_sync.source import StageWeights, ToHF
-from megatron_apriel.weight_sync.stream import BucketHook, DoubleBuffer, send_stage
+from megatron_apriel.weight_sync.gather import StageWeights, ToHF
 from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
+from megatron_apriel.weight_sync.wire import BucketHook, DoubleBuffer, send_stage
 
 log = logging.getLogger("megatron_apriel")
 

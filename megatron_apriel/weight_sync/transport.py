@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan, parse_message
+from megatron_apriel.records.weights import Endpoint, StagePlan, parse_message
 
 _HEADER_WORDS = 2  # [protocol-agnostic magic, JSON byte length]
 _MAGIC = 0x41505249  # "APRI"

@@ -26,7 +26,7 @@ from megatron_apriel.trainer.batch import (TrainSample, cp_shard, packed_microba
                                            split_for_data_parallel)
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import forward_logprobs, train_step
-from megatron_apriel.weight_sync.source import StageWeights, table_to_hf
+from megatron_apriel.weight_sync.gather import StageWeights, table_to_hf
 
 ARCHS = {
     # a dense layer among sparse ones (Qwen3-MoE's mlp_only_layers), renormalised top-2 of 4 experts

@@ -1,9 +1,9 @@
 """A trainer rank whose batch of one step has a NaN behaviour log-prob (fault injection for
 tests/unit/trainer/test_nonfinite.py; production code has no switch for it):
 
-    torchrun --nproc_per_node 2 tests/dist/nan_at_step.py STEP --config-name tiny_local [overrides]
+    torchrun --nproc_per_node 2 tests/dist/nan_at_step.py STEP --run-dir RUN_DIR
 
-The rest is the real ``megatron_apriel.entrypoints.train`` (Hydra reads the arguments after STEP).
+The rest is the real ``megatron_apriel.entrypoints.trainer_rank`` (it reads the arguments after STEP).
 Everything happens under ``__main__``: the trainer's spawned helper processes import this file too.
 """
 
@@ -25,6 +25,6 @@ def poison_step(step: int) -> None:
 
 if __name__ == "__main__":
     poison_step(int(sys.argv.pop(1)))
-    from megatron_apriel.entrypoints.train import main
+    from megatron_apriel.entrypoints.trainer_rank import main
 
     main()

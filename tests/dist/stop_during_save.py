@@ -42,7 +42,7 @@ def main() -> None:
 
     from megatron_apriel._patches import shield_checkpoint_writer
     from megatron_apriel.config import register_configs, to_run_config
-    from megatron_apriel.entrypoints.train import build_trainer
+    from megatron_apriel.entrypoints.trainer_rank import build_trainer
     from megatron_apriel.parallel.rendezvous import single_process_world
     from megatron_apriel.stop import StopFlag
     from megatron_apriel.trainer.checkpoint import latest_checkpoint

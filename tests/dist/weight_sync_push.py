@@ -27,7 +27,7 @@ from megatron_apriel.trainer.batch import TrainSample, padded_microbatches
 from megatron_apriel.trainer.step import forward_logprobs
 from megatron_apriel.weight_sync.config import WeightSyncConfig
 from megatron_apriel.weight_sync.sender import WeightSender
-from megatron_apriel.weight_sync.source import table_to_hf
+from megatron_apriel.weight_sync.gather import table_to_hf
 
 PROMPTS = [[5, 17, 99, 3, 250, 7, 64, 8], [300, 2, 41, 41, 41, 900, 12], [1000, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 

@@ -13,7 +13,7 @@ case " $* " in
       touch "$H/prepare.held"
       while [[ ! -e "$H/prepare.go" ]]; do sleep 0.2; done
     fi ;;
-  *" -m megatron_apriel.entrypoints.train "*)
+  *" -m megatron_apriel.entrypoints.trainer_rank "*)
     if mv "$H/save.arm" "$H/save.taken.$$" 2>/dev/null; then
       shift 2
       exec "$APRIEL_TEST_PYTHON" -m tests.slurm.hold_save "$@"

@@ -1,4 +1,4 @@
-"""``python -m tests.slurm.hold_save ARGS``: the trainer entry point (``megatron_apriel.entrypoints.train
+"""``python -m tests.slurm.hold_save ARGS``: a trainer rank (``megatron_apriel.entrypoints.trainer_rank
 ARGS``) whose first checkpoint save is held inside Megatron's first forked file writer until that
 writer itself receives SIGTERM (as every process of the step does on ``scancel``), then goes on.
 So the signal is certain to arrive mid-save, with the writers and Megatron's helpers running.
@@ -35,5 +35,5 @@ def hold_first_writer(held: Path) -> None:
 
 if __name__ == "__main__":
     hold_first_writer(Path(os.environ["APRIEL_TEST_HOLDS"]) / "save.held")
-    sys.argv = ["megatron_apriel.entrypoints.train", *sys.argv[1:]]
-    runpy.run_module("megatron_apriel.entrypoints.train", run_name="__main__", alter_sys=True)
+    sys.argv = ["megatron_apriel.entrypoints.trainer_rank", *sys.argv[1:]]
+    runpy.run_module("megatron_apriel.entrypoints.trainer_rank", run_name="__main__", alter_sys=True)

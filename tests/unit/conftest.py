@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from megatron_apriel.parallel.rendezvous import free_port
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from tests.ci import skip_or_fail
 
 

@@ -35,7 +35,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
-    from megatron_apriel.rollout.fleet import start_server
+    from megatron_apriel.fleet.registry import start_server
 
     server = start_server(tiny_model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log",
                           extra_args=["--max-model-len", "512", "--max-num-seqs", "32"])

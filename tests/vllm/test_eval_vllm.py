@@ -36,9 +36,10 @@ import httpx
 import psutil
 import pytest
 
+from megatron_apriel.config import launch_config, save_run_config
 from megatron_apriel.entrypoints.eval import main
 from megatron_apriel.parallel.rendezvous import free_port
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from tests.conftest import new_run_dir
 from tests.eval_fixtures import SUMS, write_all
 from tests.unit.conftest import launcher_env, require_root
@@ -58,7 +59,7 @@ def warm(tmp_path_factory, tiny_base):
     root = tmp_path_factory.mktemp("eval_vllm")
     run = new_run_dir(root, tiny_base)  # as apriel-train leaves it: config.yaml, base/, checkpoints/step_N/dist
     base = run / "base"
-    (run / "config.yaml").write_text("model:\n  hf_path: null\n")
+    save_run_config(launch_config("tiny_cpu", [f"run_dir={run}"])[0])  # tiny_base: the model is run/base
     step = run / "checkpoints" / "step_00000001"
     hf_to_mcore(base, step / "dist", progress=False)
     return {"root": root, "base": base, "checkpoint": step, "files": write_all(root / "bench")}
@@ -67,7 +68,7 @@ def warm(tmp_path_factory, tiny_base):
 @pytest.fixture(scope="module")
 def server(warm, full):
     """A server of the HF model the checkpoint came from (started after the reference run)."""
-    from megatron_apriel.rollout.fleet import start_server
+    from megatron_apriel.fleet.registry import start_server
 
     server = start_server(str(warm["base"]), free_port(), warm["root"] / "server.log", extra_args=VLLM_ARGS)
     try:

@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from megatron_apriel.data.datasets import ProblemPools, load_problems
 from megatron_apriel.data.order import DomainOrder
-from megatron_apriel.rollout.fleet import registered
-from megatron_apriel.rollout.stream import StreamReader, StreamWriter
+from megatron_apriel.fleet.registry import registered
+from megatron_apriel.records.stream import StreamReader, StreamWriter
 from tests.conftest import new_run_dir
 from tests.unit.conftest import assert_all_exit, launcher_env, require_root
 

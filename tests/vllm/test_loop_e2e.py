@@ -14,7 +14,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from megatron_apriel.rollout.stream import StreamReader
+from megatron_apriel.records.stream import StreamReader
 from tests.unit.conftest import launcher_env
 
 pytestmark = pytest.mark.vllm

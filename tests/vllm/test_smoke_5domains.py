@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_apriel.rollout.stream import StreamReader, StreamWriter
-from megatron_apriel.rollout.types import DOMAINS
+from megatron_apriel.records.rollouts import DOMAINS
+from megatron_apriel.records.stream import StreamReader, StreamWriter
 from megatron_apriel.sampling import DOMAIN_MIX_PAPER, AdaptiveDomainSampler
 from tests.conftest import new_run_dir
 from tests.unit.conftest import launcher_env

@@ -12,9 +12,9 @@ import asyncio
 import psutil
 import pytest
 
+from megatron_apriel.fleet.client import FleetClient, SamplingConfig
+from megatron_apriel.fleet.registry import start_server
 from megatron_apriel.parallel.rendezvous import free_port
-from megatron_apriel.rollout.client import FleetClient, SamplingConfig
-from megatron_apriel.rollout.fleet import start_server
 
 pytestmark = pytest.mark.vllm
 STALL_S = 15.0

@@ -20,10 +20,10 @@ import httpx
 import pytest
 import torch
 
+from megatron_apriel.fleet.client import FleetClient
+from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.parallel.rendezvous import free_port
-from megatron_apriel.rollout.client import FleetClient
-from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.weight_sync.protocol import parse_version_label
+from megatron_apriel.records.weights import parse_version_label
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "dist"))

@@ -147,8 +147,8 @@ def test_each_strategy_is_declared_once():
     """The trainer's builders cover exactly the rollout sources the config accepts, and a value
     outside a strategy's Literal is refused with the key."""
     from megatron_apriel.choices import RolloutSource, choices
-    from megatron_apriel.entrypoints.train import ROLLOUT_SOURCES
-    from megatron_apriel.rollout.config import RolloutConfig
+    from megatron_apriel.entrypoints.trainer_rank import ROLLOUT_SOURCES
+    from megatron_apriel.records.config import RolloutConfig
 
     assert tuple(ROLLOUT_SOURCES) == choices(RolloutSource)
     with pytest.raises(ValueError, match=r"rollout.source must be one of \('local', 'fleet', 'replay'\), got 'vllm'"):

@@ -132,3 +132,42 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
                         lambda module, top_level_only=False: {"trainer.trainer"} if module == "rewards" else set())
     with pytest.raises(AssertionError, match=r"rewards \(layer 0\) imports trainer.trainer \(layer 7\)"):
         test_no_module_imports_a_higher_layer_or_another_side()
+
+
+FOLDER_CYCLES = {
+    frozenset({"config", "slurm"}): "slurm.* settings live beside the SLURM code, which lays out the job from the "
+                                    "whole run's config",
+}
+"""Pairs of top-level folders (or root modules) that import each other: each is an import that runs
+back up the folders' stack. Fewer is better; a new one needs a reason here."""
+
+
+def folder_cycles(edges: set[tuple[str, str]]) -> set[frozenset[str]]:
+    """The imports that lie on a cycle of the folder import graph, as folder pairs."""
+    nodes = {n for e in edges for n in e}
+    reach = {n: {b for a, b in edges if a == n} for n in nodes}
+    changed = True
+    while changed:  # transitive closure: a few dozen folders
+        changed = False
+        for n in nodes:
+            more = set().union(*(reach[m] for m in reach[n])) - reach[n]
+            if more:
+                reach[n] |= more
+                changed = True
+    return {frozenset({a, b}) for a, b in edges if a in reach[b]}
+
+
+def folder_edges() -> set[tuple[str, str]]:
+    return {(m.split(".")[0], t.split(".")[0]) for m in LIBRARY for t in filter(ours, imports(m))
+            if m.split(".")[0] != t.split(".")[0] and not t.startswith("testing")}
+
+
+def test_folders_import_each_other_only_where_listed():
+    found = folder_cycles(folder_edges())
+    assert found == set(FOLDER_CYCLES), (f"folders in an import cycle: {sorted(map(sorted, found))}; "
+                                         f"listed: {sorted(map(sorted, FOLDER_CYCLES))}")
+
+
+def test_the_cycle_finder_sees_a_longer_cycle():
+    edges = {("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("e", "d")}
+    assert folder_cycles(edges) == {frozenset({"a", "b"}), frozenset({"b", "c"}), frozenset({"c", "a"})}

@@ -6,7 +6,7 @@ import pytest
 
 from megatron_apriel.data import ProblemPools, load_problems, write_problems
 from megatron_apriel.data.converters import SkipRow, convert_apps, convert_if_multi, convert_orz, convert_taco
-from megatron_apriel.rollout.types import Problem
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers import Outcome, verify
 from tests.unit.conftest import apriel
 from tools.prepare_data import convert_file

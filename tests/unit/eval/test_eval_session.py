@@ -15,8 +15,8 @@ from megatron_apriel.eval.benchmarks import BenchmarkSpec, load_benchmark
 from megatron_apriel.eval.runner import EvalConfig
 from megatron_apriel.eval.scoring import score_texts
 from megatron_apriel.eval.session import check_manifest, run_benchmarks
-from megatron_apriel.rollout.client import FleetClient
-from megatron_apriel.rollout.config import SamplingConfig
+from megatron_apriel.fleet.client import FleetClient
+from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer
 from megatron_apriel.verifiers import VERIFIERS, make_verifier_pool
 from megatron_apriel.verifiers.base import BEGIN_FINAL, END_FINAL

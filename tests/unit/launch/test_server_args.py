@@ -5,8 +5,8 @@ import pytest
 
 from megatron_apriel.config import to_run_config
 from megatron_apriel.entrypoints.serve import advertised_url, build_command
+from megatron_apriel.fleet.config import ServerArgs
 from megatron_apriel.launch.components import server_flags
-from megatron_apriel.rollout.config import ServerArgs
 from tests.unit.config.test_config import compose_run
 
 

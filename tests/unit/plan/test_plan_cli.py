@@ -104,7 +104,7 @@ def test_the_arithmetic_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, megatron_apriel.plan.layouts, megatron_apriel.plan.fleet, megatron_apriel.plan.report; "
+    code = ("import sys, megatron_apriel.plan.layouts, megatron_apriel.plan.servers, megatron_apriel.plan.report; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3]).stdout

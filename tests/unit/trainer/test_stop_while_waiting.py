@@ -13,13 +13,13 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from megatron_apriel.config import register_configs, to_run_config
-from megatron_apriel.entrypoints import train as train_entry
+from megatron_apriel.entrypoints import trainer_rank as train_entry
 from megatron_apriel.parallel.rendezvous import single_process_world
-from megatron_apriel.rollout.stream import StreamWriter
+from megatron_apriel.records.stream import StreamWriter
 from megatron_apriel.stop import STOP_SIGNALS
 from megatron_apriel.tiny.model import build_tiny_model
 from megatron_apriel.trainer.checkpoint import latest_checkpoint
-from tests.unit.rollout.test_stream import group, snap
+from tests.unit.records.test_stream import group, snap
 
 register_configs()
 

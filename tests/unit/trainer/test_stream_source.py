@@ -3,10 +3,10 @@
 import pytest
 
 from megatron_apriel.parallel.rendezvous import single_process_world
-from megatron_apriel.rollout.config import RolloutConfig
-from megatron_apriel.rollout.stream import StreamWriter, read_progress
-from megatron_apriel.trainer.source import StreamSource
-from tests.unit.rollout.test_stream import group, snap
+from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.stream import StreamWriter, read_progress
+from megatron_apriel.trainer.stream_source import StreamSource
+from tests.unit.records.test_stream import group, snap
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ from hydra import compose, initialize_config_module
 
 from megatron_apriel.config import register_configs, to_run_config
 from megatron_apriel.entrypoints.actor import verifier_pool
-from megatron_apriel.rollout.config import RolloutConfig
-from megatron_apriel.rollout.stream import StreamReader
-from megatron_apriel.rollout.types import DETAIL_CHARS
+from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.rollouts import DETAIL_CHARS
+from megatron_apriel.records.stream import StreamReader
 from megatron_apriel.testing.fake_fleet import FakeFleet
 from megatron_apriel.verifiers import Outcome, VerifierResult, verify_group
+from tests.unit.actor.test_actor import make_actor, run_with_trainer
 from tests.unit.conftest import apriel, make_problem
-from tests.unit.rollout.test_actor import make_actor, run_with_trainer
 from tests.unit.verifiers.test_verifiers_code import _FakeFusion
 
 ADD = {"tests": [{"input": "2 3\n", "output": "5\n"}]}

@@ -10,8 +10,8 @@ from megatron_apriel.parallel.rendezvous import free_port, single_process_world
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.tiny.model import build_tiny_model
 from megatron_apriel.weight_sync.config import WeightSyncConfig
+from megatron_apriel.weight_sync.gather import table_to_hf
 from megatron_apriel.weight_sync.sender import WeightSender
-from megatron_apriel.weight_sync.source import table_to_hf
 
 
 @pytest.mark.parametrize("stopping", [True, False])

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.protocol import (
+from megatron_apriel.records.weights import (
     PROTOCOL_VERSION,
     BucketLayout,
     StagePlan,
@@ -14,6 +13,7 @@ from megatron_apriel.weight_sync.protocol import (
     parse_version_label,
     version_label,
 )
+from megatron_apriel.weight_sync import buckets as B
 
 
 def _tensors():

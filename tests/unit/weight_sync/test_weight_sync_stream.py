@@ -9,10 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.records.weights import Endpoint, StagePlan
 from megatron_apriel.weight_sync import buckets as B
-from megatron_apriel.weight_sync.protocol import Endpoint, StagePlan
-from megatron_apriel.weight_sync.stream import DoubleBuffer, receive_stage, send_stage
 from megatron_apriel.weight_sync.transport import join_stage_group, recv_plan
+from megatron_apriel.weight_sync.wire import DoubleBuffer, receive_stage, send_stage
 
 
 def _tensors():

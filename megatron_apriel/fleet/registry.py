@@ -26,8 +26,8 @@ from typing import Callable, Optional
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from megatron_apriel.fleet.config import FleetConfig
 from megatron_apriel.process import ManagedProcess
-from megatron_apriel.rollout.config import FleetConfig
 from megatron_apriel.run_dir import FLEET_DIR, RunDir  # noqa: F401  (FLEET_DIR: re-exported)
 
 

@@ -5,7 +5,7 @@
     task rewards, length penalty with DAP, advantages, zero-advantage filter -> the stream
 
 Many groups are in flight at once (``actor.max_in_flight``). Admission control
-(``rollout/lag.py``) reads the trainer's published progress and starts a group only if it will be
+(``records/lag.py``) reads the trainer's published progress and starts a group only if it will be
 trained within ``rollout.max_lag`` versions of the weights it is sampled with, and never lets more
 than ``actor.max_queued_steps`` steps' worth of groups wait ahead of the trainer. Groups ahead of
 it that the trainer will skip (dropped by the filters) do not count: only those in flight, whose
@@ -33,14 +33,16 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.actor.grouping import build_group
 from megatron_apriel.data.order import DomainOrder
 from megatron_apriel.data.prompts import render_prompt
-from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
-from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
-from megatron_apriel.rollout.groups import build_group
-from megatron_apriel.rollout.lag import may_admit
-from megatron_apriel.rollout.stream import (
+from megatron_apriel.fleet.client import FleetClient, FleetUnavailable
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.lag import may_admit
+from megatron_apriel.records.rollouts import DETAIL_CHARS, GroupTimings, Outcome, RolloutGroup
+from megatron_apriel.records.stream import (
     ActorSnapshot,
     PendingGroup,
     StreamReader,
@@ -48,7 +50,7 @@ from megatron_apriel.rollout.stream import (
     TrainerProgress,
     read_progress,
 )
-from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, RolloutGroup
+from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import AdaptiveDomainSampler, state_from_v2
 
 log = logging.getLogger("megatron_apriel.actor")

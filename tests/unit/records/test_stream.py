@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from megatron_apriel.rollout.stream import (
+from megatron_apriel.records.rollouts import GroupTimings, Rollout, RolloutGroup, VersionSpan
+from megatron_apriel.records.stream import (
     ActorSnapshot,
     PendingGroup,
     StreamReader,
@@ -18,7 +19,6 @@ from megatron_apriel.rollout.stream import (
     segment_path,
     write_progress,
 )
-from megatron_apriel.rollout.types import GroupTimings, Rollout, RolloutGroup, VersionSpan
 
 
 def group(i: int, n_tokens: int = 5, version: int = 0) -> RolloutGroup:

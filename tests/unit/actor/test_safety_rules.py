@@ -6,16 +6,16 @@ import asyncio
 import httpx
 import pytest
 
+from megatron_apriel.actor.grouping import build_group
+from megatron_apriel.fleet.client import FleetClient, FleetUnavailable
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.lag import may_admit
+from megatron_apriel.records.rollouts import GroupTimings, Outcome
+from megatron_apriel.records.stream import TrainerProgress
 from megatron_apriel.rewards import RewardConfig, is_zero_advantage_group
-from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
-from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.rollout.groups import build_group
-from megatron_apriel.rollout.lag import may_admit
-from megatron_apriel.rollout.stream import TrainerProgress
-from megatron_apriel.rollout.types import GroupTimings, Outcome
 from megatron_apriel.tiny.base import addition_problems
 from megatron_apriel.verifiers.base import VerifierResult, correct, failed
-from tests.unit.rollout.test_actor import completion
+from tests.unit.actor.test_actor import completion
 
 
 @pytest.mark.parametrize("step,filled,version,oldest,gps,max_lag", [

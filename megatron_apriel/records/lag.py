@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from megatron_apriel.rollout.stream import TrainerProgress
+from megatron_apriel.records.stream import TrainerProgress
 
 
 def predicted_step(progress: TrainerProgress, position: int, groups_per_step: int) -> int:

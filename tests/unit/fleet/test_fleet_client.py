@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
-from megatron_apriel.rollout.client import FleetClient, FleetUnavailable
-from megatron_apriel.rollout.config import SamplingConfig
+from megatron_apriel.fleet.client import FleetClient, FleetUnavailable
+from megatron_apriel.fleet.config import SamplingConfig
 
 
 def _choice(tokens, spans, finish="length"):
@@ -259,7 +259,7 @@ def test_waiting_requests_ask_a_down_server_once_between_them_and_log_each_chang
         finally:
             await client.aclose()
 
-    with caplog.at_level("INFO", logger="megatron_apriel.rollout.client"):
+    with caplog.at_level("INFO", logger="megatron_apriel.fleet.client"):
         done = asyncio.run(go())
     assert len(done) == 32 and asked["total"] >= 4
     assert asked["most"] == 1

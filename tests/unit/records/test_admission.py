@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from megatron_apriel.rollout.lag import may_admit, predicted_step
-from megatron_apriel.rollout.stream import TrainerProgress
+from megatron_apriel.records.lag import may_admit, predicted_step
+from megatron_apriel.records.stream import TrainerProgress
 
 
 def progress(step=0, filled=0, cursor=0, version=0):

@@ -14,11 +14,12 @@ instead of guessing. No field defaults to a time or anything else evaluated at i
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 
 from megatron_apriel.choices import WireDtype, choices
+from megatron_apriel.records.base import Record
 
 PROTOCOL_VERSION = 2
 """2: direct buckets (a tensor sent from its own memory) and one checksum table per stage after its
@@ -29,22 +30,16 @@ ChecksumAlgo = Literal["sum64", "crc32"]
 torch, no copy to the host). crc32: zlib over host bytes, stronger and slower (CPU buffers only)."""
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Message(Record):
+    """A weight-sync message: its ``protocol_version`` must be this side's."""
+
+    VERSION_FIELD: ClassVar[str] = "protocol_version"
+    VERSION: ClassVar[int] = PROTOCOL_VERSION
+    MISMATCH: ClassVar[str] = "run the same megatron_apriel version on trainer and servers."
     protocol_version: int = PROTOCOL_VERSION
 
-    @model_validator(mode="after")
-    def _same_protocol(self):
-        if self.protocol_version != PROTOCOL_VERSION:
-            raise ValueError(
-                f"{type(self).__name__} has protocol_version {self.protocol_version}, this side speaks "
-                f"{PROTOCOL_VERSION}; run the same megatron_apriel version on trainer and servers."
-            )
-        return self
 
-
-class Endpoint(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Endpoint(Record):
     host: str
     port: int = Field(ge=1, le=65535)
 
@@ -63,10 +58,9 @@ class TransferInit(_Message):
     timeout_s: float = Field(default=600.0, gt=0)
 
 
-class TensorSlot(BaseModel):
+class TensorSlot(Record):
     """One Hugging Face tensor inside a bucket."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
     dtype: WireDtype
     shape: list[int]
@@ -75,8 +69,7 @@ class TensorSlot(BaseModel):
     nbytes: int = Field(ge=0)
 
 
-class BucketLayout(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class BucketLayout(Record):
     index: int = Field(ge=0)
     """Position in the stage's send order."""
     nbytes: int = Field(gt=0)

@@ -33,9 +33,9 @@ from typing import Optional
 
 import httpx
 
-from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.rollout.types import RoutedExperts, VersionSpan
-from megatron_apriel.weight_sync.protocol import STARTUP_LABEL, parse_version_label
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.rollouts import RoutedExperts, VersionSpan
+from megatron_apriel.records.weights import STARTUP_LABEL, parse_version_label
 
 log = logging.getLogger(__name__)
 

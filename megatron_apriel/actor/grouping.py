@@ -14,6 +14,8 @@ group is generated and verified):
 
 from __future__ import annotations
 
+from megatron_apriel.fleet.client import Completion
+from megatron_apriel.records.rollouts import DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup
 from megatron_apriel.rewards import (
     RewardConfig,
     group_advantages,
@@ -21,8 +23,6 @@ from megatron_apriel.rewards import (
     shape_group_rewards,
     task_reward,
 )
-from megatron_apriel.rollout.client import Completion
-from megatron_apriel.rollout.types import DETAIL_CHARS, GroupTimings, Outcome, Problem, Rollout, RolloutGroup
 
 
 def build_group(*, problem: Problem, prompt_ids: list[int], completions: list[Completion], results: list,

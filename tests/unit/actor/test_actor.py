@@ -6,15 +6,17 @@ from collections import Counter
 
 import pytest
 
+from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.actor.grouping import build_group
+from megatron_apriel.actor.loop import Actor
 from megatron_apriel.data.datasets import ProblemPools
 from megatron_apriel.data.order import DomainOrder
-from megatron_apriel.rewards import RewardConfig
-from megatron_apriel.rollout.actor import Actor
-from megatron_apriel.rollout.client import Completion, FleetClient
-from megatron_apriel.rollout.config import ActorConfig, RolloutConfig, SamplingConfig
-from megatron_apriel.rollout.groups import build_group
-from megatron_apriel.rollout.lag import group_lag
-from megatron_apriel.rollout.stream import (
+from megatron_apriel.fleet.client import Completion, FleetClient
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.lag import group_lag
+from megatron_apriel.records.rollouts import GroupTimings, VersionSpan
+from megatron_apriel.records.stream import (
     StreamReader,
     StreamWriter,
     TrainerProgress,
@@ -23,7 +25,7 @@ from megatron_apriel.rollout.stream import (
     segment_path,
     write_progress,
 )
-from megatron_apriel.rollout.types import GroupTimings, VersionSpan
+from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
 from megatron_apriel.tiny.base import addition_problems

@@ -25,39 +25,36 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from megatron_apriel.rollout.types import RolloutGroup
+from megatron_apriel.records.base import Record
+from megatron_apriel.records.rollouts import RolloutGroup
 
 STREAM_VERSION = 1
 _SEGMENT = re.compile(r"^seg_(\d{12})\.json$")
 PROGRESS_FILE = "trainer.json"
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _StreamRecord(Record):
+    """A stream file's top-level record: its ``stream_version`` must be this code's."""
+
+    VERSION_FIELD: ClassVar[str] = "stream_version"
+    VERSION: ClassVar[int] = STREAM_VERSION
+    MISMATCH: ClassVar[str] = "continue the run with the megatron_apriel version that wrote it."
     stream_version: int = STREAM_VERSION
 
-    @model_validator(mode="after")
-    def _same_version(self):
-        if self.stream_version != STREAM_VERSION:
-            raise ValueError(f"{type(self).__name__} has stream_version {self.stream_version}, this reader speaks "
-                             f"{STREAM_VERSION}; continue the run with the megatron_apriel version that wrote it.")
-        return self
 
-
-class PendingGroup(BaseModel):
+class PendingGroup(Record):
     """A problem the actor had admitted but not finished when it wrote a snapshot."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     problem_id: str
     domain: str
     admitted_version: int
 
 
-class ActorSnapshot(_Message):
+class ActorSnapshot(_StreamRecord):
     kind: Literal["actor_snapshot"] = "actor_snapshot"
     next_seq: int = Field(ge=0)
     sampler: dict[str, Any]
@@ -68,7 +65,7 @@ class ActorSnapshot(_Message):
     """Admitted, not yet in the stream: regenerated first by a restarted actor."""
 
 
-class Segment(_Message):
+class Segment(_StreamRecord):
     kind: Literal["segment"] = "segment"
     first_seq: int = Field(ge=0)
     groups: list[RolloutGroup] = Field(min_length=1)
@@ -85,7 +82,7 @@ class Segment(_Message):
         return self
 
 
-class TrainerProgress(_Message):
+class TrainerProgress(_StreamRecord):
     """What the trainer has consumed and which weights the fleet serves (written by trainer rank 0)."""
 
     kind: Literal["trainer_progress"] = "trainer_progress"

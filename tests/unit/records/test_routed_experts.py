@@ -9,12 +9,12 @@ import io
 import numpy as np
 import pytest
 
-from megatron_apriel.rollout.client import FleetClient
-from megatron_apriel.rollout.config import SamplingConfig
-from megatron_apriel.rollout.stream import StreamReader, StreamWriter
-from megatron_apriel.rollout.types import RolloutGroup, RoutedExperts, routing_rows
+from megatron_apriel.fleet.client import FleetClient
+from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.rollouts import RolloutGroup, RoutedExperts, routing_rows
+from megatron_apriel.records.stream import StreamReader, StreamWriter
 from megatron_apriel.testing.fake_fleet import FakeFleet
-from tests.unit.rollout.test_stream import group, snap
+from tests.unit.records.test_stream import group, snap
 
 
 def _npy_b64(ids: np.ndarray) -> str:

@@ -15,9 +15,9 @@ from typing import Optional
 
 import torch
 
+from megatron_apriel.records.weights import BucketLayout, StagePlan
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.device_staging import DeviceStaging, host_buffer
-from megatron_apriel.weight_sync.protocol import BucketLayout, StagePlan
 from megatron_apriel.weight_sync.transport import StageGroup, recv_plan, send_plan
 
 BucketHook = Callable[[int, BucketLayout, torch.Tensor], Optional[torch.Tensor]]

@@ -1,0 +1,122 @@
+"""Settings of the vLLM fleet (``fleet.*``: its servers, their flags, requests and watchdogs) and of
+one generation request (``SamplingConfig``). A leaf: standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    """Stop strings (the server detokenises to find them; token ids still hold every token)."""
+    ignore_eos: bool = False
+    seed: Optional[int] = None
+
+    def to_vllm(self, n: int) -> dict:
+        params = {"n": n, "max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                  "logprobs": 0, "ignore_eos": self.ignore_eos, "stop_token_ids": list(self.stop_token_ids)}
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """``vllm serve`` flags, parsed in one place: what the launchers, the planner and ``apriel-serve``
+    read from ``fleet.vllm_args`` (``--flag value`` and ``--flag=value`` alike)."""
+
+    argv: tuple[str, ...] = ()
+
+    def value(self, *flags: str) -> Optional[str]:
+        """The value of the first of ``flags`` given (a flag's spellings, e.g. --tensor-parallel-size, -tp)."""
+        for i, a in enumerate(self.argv):
+            for flag in flags:
+                if a == flag and i + 1 < len(self.argv):
+                    return self.argv[i + 1]
+                if a.startswith(flag + "="):
+                    return a.split("=", 1)[1]
+        return None
+
+    def given(self, flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in self.argv)
+
+    def with_default(self, flag: str, value: Optional[str] = None) -> ServerArgs:
+        """These flags plus ``flag`` (with ``value``; a switch without) unless it is given already."""
+        if self.given(flag):
+            return self
+        return ServerArgs(self.argv + ((flag,) if value is None else (flag, value)))
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        v = self.value("--max-model-len")
+        return None if v is None else int(v)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.value("--tensor-parallel-size", "-tp") or 1)
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return float(self.value("--gpu-memory-utilization") or 0.9)  # vLLM's default
+
+    @property
+    def host(self) -> str:
+        return self.value("--host") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.value("--port") or 8000)
+
+
+@dataclass(kw_only=True)
+class FleetConfig:
+    """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
+
+    servers: list[str] = field(default_factory=list)
+    """Base URLs of servers that are already running. Empty: discover them in run_dir/fleet/
+    (the launcher, or SLURM, starts them with ``--register-dir``)."""
+    num_servers: int = 1
+    """Servers the local launcher starts, and how many the trainer and the actor wait for."""
+    host: str = "127.0.0.1"
+    """Where the local launcher's servers listen."""
+    port: int = 0
+    """First port of the local servers (server i uses port + i); 0: free ports."""
+    vllm_args: list[str] = field(default_factory=list)
+    """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]
+    (read through ``ServerArgs``)."""
+    startup_timeout_s: float = 900.0
+    """How long a server may take to answer /health (vLLM loads and compiles the model first)."""
+    max_restarts: int = 3
+    """Restarts of a crashed server by the local launcher before the run fails."""
+    request_attempts: int = 8
+    """Tries of one generation request (a failed server's requests go to another one)."""
+    cooldown_s: float = 2.0
+    """A server that failed gets no request for this long."""
+    request_timeout_s: float = 3600.0
+    stall_timeout_s: Optional[float] = 300.0
+    """A server with requests in flight that produces no token for this long (its /metrics counter)
+    is treated as failed and its requests go elsewhere; null: never (weight updates pause it briefly)."""
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1 and not self.servers:
+            raise ValueError("fleet.num_servers must be >= 1 (or list running servers in fleet.servers).")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"fleet.port={self.port} is not a port; 0 picks free ones.")
+        if min(self.startup_timeout_s, self.cooldown_s, self.request_timeout_s) <= 0 or self.request_attempts < 1:
+            raise ValueError("fleet timeouts and cooldown_s must be > 0 and request_attempts >= 1.")
+        if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
+            raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
+        if self.max_restarts < 0:
+            raise ValueError("fleet.max_restarts must be >= 0.")
+
+    @property
+    def server_args(self) -> ServerArgs:
+        return ServerArgs(tuple(self.vllm_args))
