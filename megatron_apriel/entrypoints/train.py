@@ -22,7 +22,7 @@ from typing import Optional
 
 from megatron_apriel.config import launch_config
 from megatron_apriel.logs import setup_logging
-from megatron_apriel.refusals import refusals
+from megatron_apriel.refusals import refusals, refuse
 
 PROG = "apriel-train"
 RANK_MOVED = ("trainer ranks no longer run this command: a launcher writes the run's config and starts the "
@@ -30,8 +30,14 @@ RANK_MOVED = ("trainer ranks no longer run this command: a launcher writes the r
               "with apriel-train, or apriel-submit on SLURM.")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other refusal
+        refuse(PROG, f"{message}: apriel-train takes --config-name, --config-dir and key=value overrides "
+                     "(launch.dry_run=true prints what the run would start)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--config-name", "-cn", default="tiny_cpu", help="a preset of megatron_apriel/conf or --config-dir")
     p.add_argument("--config-dir", "-cd", default=None, help="a directory of your own presets")
     p.add_argument("overrides", nargs="*", help="key=value (Hydra's override syntax)")

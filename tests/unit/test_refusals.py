@@ -22,7 +22,7 @@ CASES = {
                                        "apriel-train: error:", "actor.sampler.weights.code=0.0"),
     "train: mix not a dict": (["apriel-train", "actor.sampler.weights=0.5"], "apriel-train: error:",
                               "actor.sampler.weights=0.5"),
-    "train: --cfg with a mix override": (["apriel-train", "--cfg", "job", "actor.sampler.weights.math=2"],
+    "train: a flag it does not take": (["apriel-train", "--cfg", "job", "actor.sampler.weights.math=2"],
                                          "apriel-train: error:", "launch.dry_run=true"),
     "submit: unknown key": (["apriel-submit", "--config-name", "tiny_cpu", "slurm.partitoin=gpu", "--dry-run"],
                             "apriel-submit: error:", "slurm.partitoin"),
