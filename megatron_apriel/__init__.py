@@ -8,7 +8,7 @@ the longest name that matches a module places it (a layer may take several lines
 
     0 settings:      config conf *.config choices rewards sampling
     0 records:       records rollout model.arch parallel.dims
-    0 processes:     stop lifetime process logs metrics refusals run_dir
+    0 processes:     stop lifetime process logs metrics refusals run_dir files
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan

@@ -30,7 +30,6 @@ change a setting of a run that exists.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -39,6 +38,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.files import atomic_write
 from megatron_apriel.fleet.config import FleetConfig, SamplingConfig
 from megatron_apriel.model.config import ModelConfig, OptimConfig
 from megatron_apriel.parallel.dims import ParallelConfig, cp_alignment
@@ -307,9 +307,7 @@ def save_run_config(run: RunConfig) -> Path:
         node.model.hf_path = None
     path = run.paths.config
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(SAVED_PREAMBLE + OmegaConf.to_yaml(node))
-    os.replace(tmp, path)
+    atomic_write(path, SAVED_PREAMBLE + OmegaConf.to_yaml(node))
     return path
 
 
@@ -326,9 +324,7 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     try:
         data = OmegaConf.load(path)
         data.pop("defaults", None)
-        data.run_dir = str(root)
-        if OmegaConf.select(data, "tiny_base.enabled"):
-            data.model.hf_path = None
+        data.run_dir = str(root)  # saved with model.hf_path null where tiny_base derives it from run_dir
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
     except OmegaConfBaseException as err:
         raise ValueError(f"{path}: {hydra_error(err)}") from err

@@ -16,8 +16,9 @@ same report, ``timing`` apart (it describes the last invocation only).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from megatron_apriel.files import atomic_write
 
 REPORT_KIND = "apriel_eval_report"
 COLUMNS = ("benchmark", "n", "pass@1 (95% CI)", "pass@k", "mean tok", "median tok", "truncated", "wall s")
@@ -58,15 +59,9 @@ def markdown(report: dict) -> str:
     return head + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_report(out_dir: Path, report: dict) -> None:
-    _atomic_write(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
-    _atomic_write(out_dir / "report.md", markdown(report))
+    atomic_write(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
+    atomic_write(out_dir / "report.md", markdown(report))
 
 
 def read_report(path: str | Path) -> dict:

@@ -14,22 +14,25 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from megatron_apriel.records.base import Record
 from megatron_apriel.records.rollouts import Outcome, TokenIds
 
 SCHEMA_VERSION = 1
 
 
-class SampleRecord(BaseModel):
+class SampleRecord(Record):
     """One sample of one problem: what was generated and how it scored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    VERSION_FIELD: ClassVar[str] = "schema_version"
+    VERSION: ClassVar[int] = SCHEMA_VERSION
+    MISMATCH: ClassVar[str] = "evaluate again into a new output directory, or read it with the version that wrote it."
     kind: Literal["eval_sample"] = "eval_sample"
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: int = SCHEMA_VERSION
     benchmark: str
     problem_id: str
     sample: int = Field(ge=0)

@@ -15,7 +15,6 @@ process that started them, even one killed by SIGKILL.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
@@ -24,17 +23,17 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import httpx
-from pydantic import BaseModel, ConfigDict
 
+from megatron_apriel.files import atomic_write
 from megatron_apriel.fleet.config import FleetConfig
 from megatron_apriel.process import ManagedProcess
+from megatron_apriel.records.base import Record
 from megatron_apriel.run_dir import FLEET_DIR, RunDir  # noqa: F401  (FLEET_DIR: re-exported)
 
 
-class Registration(BaseModel):
+class Registration(Record):
     """One running server, as written into run_dir/fleet/ when it became healthy."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str = "server_registration"
     url: str
     instance: str
@@ -49,9 +48,7 @@ def register(fleet_dir: str | Path, url: str, pid: int, host: str) -> Registrati
     fleet_dir = Path(fleet_dir)
     fleet_dir.mkdir(parents=True, exist_ok=True)
     name = url.split("://", 1)[-1].replace(":", "_").replace("/", "_")
-    tmp = fleet_dir / f".{name}.json.tmp-{os.getpid()}"
-    tmp.write_text(reg.model_dump_json())
-    os.rename(tmp, fleet_dir / f"{name}.json")
+    atomic_write(fleet_dir / f"{name}.json", reg.model_dump_json())
     return reg
 
 

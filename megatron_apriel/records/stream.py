@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from megatron_apriel.files import atomic_write
 from megatron_apriel.records.base import Record
 from megatron_apriel.records.rollouts import RolloutGroup
 
@@ -100,24 +101,6 @@ def segment_path(root: Path, first_seq: int) -> Path:
     return root / f"seg_{first_seq:012d}.json"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def list_segments(root: Path) -> list[int]:
     """First sequence numbers of the complete segments, ascending (temporary files are ignored)."""
     if not root.is_dir():
@@ -158,7 +141,7 @@ class StreamWriter:
         numbered = [g.model_copy(update={"seq": first + i}) for i, g in enumerate(groups)]
         segment = Segment(first_seq=first, groups=numbered, actor=snapshot)
         try:
-            _atomic_write(segment_path(self.root, first), segment.model_dump_json().encode())
+            atomic_write(segment_path(self.root, first), segment.model_dump_json().encode())
         except OSError as err:
             raise OSError(err.errno, f"cannot write rollout segment {first} into {self.root} ({err.strerror}); "
                           "the stream is intact up to the previous segment. Free space or fix the mount, then "
@@ -225,7 +208,7 @@ class StreamReader:
 def write_progress(root: str | Path, progress: TrainerProgress) -> None:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    _atomic_write(root / PROGRESS_FILE, progress.model_dump_json().encode())
+    atomic_write(root / PROGRESS_FILE, progress.model_dump_json().encode())
 
 
 def clear_progress(root: str | Path) -> None:
