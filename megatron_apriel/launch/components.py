@@ -22,8 +22,9 @@ from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
 from megatron_apriel.run_dir import RunDir
 
-_EXCEPTION = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
-"""A Python traceback's last line (``pkg.mod.SomeError: message``)."""
+_EXCEPTION = re.compile(r"^(\[rank\d+\]: )?(\w+\.)*\w*(Error|Exception|Interrupt)(: |$)")
+"""A Python traceback's last line (``pkg.mod.SomeError: message``), with the ``[rankN]: `` that torchrun
+puts before each line of a rank's output."""
 
 
 @dataclass

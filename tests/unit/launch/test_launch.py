@@ -227,3 +227,23 @@ def test_after_the_trainer_the_other_components_stop_together(tmp_path):
         time.sleep(0.05)
     launcher.stop_all()
     assert [c.proc.returncode for c in comps] == [0, 0, 0]  # none had to be killed
+
+
+def test_a_failed_trainers_report_names_the_ranks_exception_above_torchruns_summary(tmp_path):
+    """torchrun prefixes each line of a rank's output with ``[rankN]: `` and ends the log with its own
+    summary, whose last lines do not say what failed: the report must lift the rank's exception."""
+    from megatron_apriel.launch.components import Component
+
+    log = tmp_path / "trainer.log"
+    log.write_text("\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "x.py", line 1, in f',
+        "[rank0]: OSError: [Errno 28] No space left on device",
+        "[rank1]: RuntimeError: Connection closed by peer",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        *(f"  summary line {i}" for i in range(40)),
+    ]))
+    report = Component("trainer", ["true"], log).tail().splitlines()
+    assert report[:3] == ["errors reported:", "  [rank0]: OSError: [Errno 28] No space left on device",
+                          "  [rank1]: RuntimeError: Connection closed by peer"]
+    assert report[3] == "last lines:" and report[-1] == "  summary line 39"
