@@ -233,6 +233,14 @@ class Rollout(Record):
     def first_version(self) -> int:
         return self.versions[0].version if self.versions else 0
 
+    def token_lags(self, version: int) -> np.ndarray:
+        """Per token, ``version`` minus the version that sampled it (int32, >= 0; tokens of no recorded
+        version count from version 0)."""
+        lags = np.full(self.length, version, dtype=np.int32)
+        for span in self.versions:
+            lags[span.start : span.end] = max(version - span.version, 0)
+        return lags
+
     def fresh_start(self, version: int) -> int:
         """Index of the first token sampled by ``version`` itself (``length`` if none was)."""
         for span in self.versions:
@@ -300,7 +308,7 @@ class RolloutGroup(Record):
                              "--return-routed-experts` (the launchers add it when rollout.routing_replay is on).")
         return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
                            r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
-                           group=self.seq, routing=routing)
+                           group=self.seq, lags=r.token_lags(version), routing=routing)
 
     def train_samples(self, version: int) -> list["TrainSample"]:
         """One `TrainSample` per rollout (see `train_sample`)."""
@@ -333,6 +341,9 @@ class TrainSample:
     them |log pi_train - log pi_behaviour| is pure train/inference drift."""
     group: int = -1
     """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
+    lags: Optional[np.ndarray] = None
+    """Per completion token, how many weight versions older than the trained ones sampled it (0:
+    fresh; int32 array, a list is converted); None: 0 from ``fresh_start`` on, 1 before."""
     routing: Optional[np.ndarray] = None
     """MoE models: the experts vLLM routed each token to, ``[len(tokens), moe_layers, top_k]``
     integers, -1 where it did not route the token (the last sampled one); None: not recorded."""
@@ -347,6 +358,11 @@ class TrainSample:
         if self.prompt_len < 1 or n_completion < 0:
             raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and "
                              f"{len(self.tokens)}.")
+        if self.lags is None:
+            self.lags = (np.arange(n_completion) < self.fresh_start).astype(np.int32)
+        self.lags = np.asarray(self.lags, dtype=np.int32)
+        if len(self.lags) != n_completion:
+            raise ValueError(f"sample has {n_completion} completion tokens but {len(self.lags)} lags.")
         if len(self.behaviour_logprobs) != n_completion:
             raise ValueError(
                 f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."

@@ -36,6 +36,7 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [b, S] bool
     old_logp: torch.Tensor  # [b, S] float32: behaviour log-prob of labels (0 where no loss)
     fresh: torch.Tensor  # [b, S] bool: loss positions whose token the trained weights sampled themselves
+    lag: torch.Tensor  # [b, S] int32: at loss positions, versions between the token's weights and the trained ones
     seq: torch.Tensor  # [b, S] int64: index of the position's sequence in this micro-batch
     advantages: torch.Tensor  # [n_seq] float32
     truncated: torch.Tensor  # [n_seq] bool
@@ -68,6 +69,7 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     row["loss_mask"][first:last] = True
     row["old_logp"][first:last] = torch.from_numpy(s.behaviour_logprobs)
     row["fresh"][first + s.fresh_start : last] = True
+    row["lag"][first:last] = torch.from_numpy(s.lags)
     row["seq"][start : start + n] = seq_index
     row["valid"][start : start + n] = True
     if s.routing is not None:
@@ -93,6 +95,7 @@ def _plain_rows(b: int, length: int) -> dict:
         "loss_mask": torch.zeros(b, length, dtype=torch.bool),
         "old_logp": torch.zeros(b, length, dtype=torch.float32),
         "fresh": torch.zeros(b, length, dtype=torch.bool),
+        "lag": torch.zeros(b, length, dtype=torch.int32),
         "seq": torch.zeros(b, length, dtype=torch.long),
         "valid": torch.zeros(b, length, dtype=torch.bool),
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron_apriel.choices import LossKind, check_choice, choices
+from megatron_apriel.choices import Correction, LossKind, check_choice, choices
 
 LOGPROB_CHUNK_TOKENS = 2048
 """Default of ``trainer.logprob_chunk_tokens``: at Apriel's 131K vocabulary, ~1 GiB per fp32
@@ -57,9 +57,30 @@ class LossConfig:
     """Truncated sequences get no loss (they still count in the normaliser B)."""
     temperature: float = 1.0
     """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
+    correction: str = "none"
+    """Train/inference mismatch correction (README "Mismatch"; RECIPE.md section 10), with
+    rho_t = pi_train(y_t) / pi_vllm(y_t) from the weights that start the step:
+    none (the recipe: the ratio is taken against vLLM's log-probs, no weight);
+    token_tis (each token weighted by min(rho_t, correction_clip));
+    seq_tis (each sequence by min(exp(mean_t log rho_t), correction_clip), GSPO's geometric form);
+    token_mask (tokens with rho_t outside [correction_low, correction_high] carry no loss, the others
+    weight rho_t: masked IS / IcePop);
+    seq_mask (sequences whose exp(mean_t log rho_t) is outside the bounds carry no loss, the others
+    token_tis). With a correction the ratio is anchored on the step's own weights."""
+    correction_clip: float = 2.0
+    """C of token_tis, seq_tis and seq_mask (slime, verl and SkyRL use 2)."""
+    correction_low: float = 0.5
+    """Lower bound on rho of token_mask and seq_mask (IcePop: 0.5)."""
+    correction_high: float = 2.0
+    """Upper bound on rho of token_mask and seq_mask (IcePop: 2)."""
 
     def __post_init__(self) -> None:
         check_choice("loss.kind", self.kind, LossKind)
+        check_choice("loss.correction", self.correction, Correction)
+        if self.correction_clip <= 0 or not (0 <= self.correction_low <= 1 <= self.correction_high):
+            raise ValueError(f"loss.correction_clip must be > 0 and loss.correction_low <= 1 <= "
+                             f"loss.correction_high, got {self.correction_clip}, {self.correction_low}, "
+                             f"{self.correction_high}.")
         if not (0 <= self.eps_low < 1) or self.eps_high < 0:
             raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, "
                              f"got {self.eps_low}, {self.eps_high}.")

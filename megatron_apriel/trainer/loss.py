@@ -16,6 +16,13 @@ filtered (truncated) sequences:
     loss    = -(1/B) sum_i w_i m_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
 with w_i = n_i ("length", the authors' choice) or 1 ("equal"), B = sequences in the step.
 
+Mismatch corrections (``loss.correction``, RECIPE.md section 10): with rho_t = pi_t / mu_t, the
+trainer's probability of token t under the weights that start the step over vLLM's, a correction
+weighs each token (w_t) or sequence (w_i), detached, and takes the ratio against the step's own
+weights instead of mu. The trainer makes one optimizer step per batch, so those weights are the
+current ones: the proximal policy of the decoupled loss is sg[pi], its ratio is 1 in value (the clip
+never binds), and the loss is the policy gradient weighted by w, as the peers' bypass corrections.
+
 Context parallelism: a rank holds part of each sequence's tokens. ``seq_total`` sums an ``[S]``
 tensor over the ranks that share the sequences (the CP group); the per-sequence quantities (n_i,
 log s_i) use it, with the gradient flowing through this rank's own tokens only. Every loss then
@@ -41,6 +48,7 @@ class LossInputs(NamedTuple):
     truncated_S: torch.Tensor  # bool [S], finished by the length limit
     entropy_N: torch.Tensor | None = None  # float [N], optional, for metrics only
     fresh_N: torch.Tensor | None = None  # bool [N], optional: loss tokens sampled by the weights being trained
+    lag_N: torch.Tensor | None = None  # int [N], optional: versions between the token's weights and the trained ones
     seq_total: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # [S] -> [S] summed over the CP group
     counts_sequences: bool = True  # this rank counts per-sequence terms (under CP: CP rank 0 only)
 
@@ -71,6 +79,37 @@ def _whole(local_S: torch.Tensor, inp: LossInputs) -> torch.Tensor:
     return local_S + (inp.seq_total(detached.clone()) - detached)
 
 
+class Correction(NamedTuple):
+    log_rho_N: torch.Tensor  # float [N], log pi_t - log mu_t, detached (0 where mask_N is False)
+    token_w_N: torch.Tensor | None  # float [N], the tokens' weights; None: all 1
+    seq_w_S: torch.Tensor | None  # float [S], the sequences' weights; None: all 1
+    cut_N: torch.Tensor  # bool [N], loss tokens the correction truncated or masked
+    cut_S: torch.Tensor  # bool [S], sequences it truncated or masked
+
+
+def correction_weights(inp: LossInputs, cfg: LossConfig, n_tok_S: torch.Tensor) -> Correction:
+    """The weights of ``cfg.correction`` (module docstring), from the detached log-probs."""
+    n_seq = inp.adv_S.shape[0]
+    log_rho_N = torch.where(inp.mask_N, inp.logp_N.detach() - inp.old_logp_N, 0.0)
+    rho_N = log_rho_N.exp()
+    none_N, none_S = torch.zeros_like(inp.mask_N), torch.zeros(n_seq, dtype=torch.bool, device=rho_N.device)
+    if cfg.correction == "none":
+        return Correction(log_rho_N, None, None, none_N, none_S)
+    geo_S = (_whole(_per_seq_sum(log_rho_N, inp, n_seq), inp) / n_tok_S.clamp(min=1)).exp()  # [S]
+    tis_N, over_N = rho_N.clamp(max=cfg.correction_clip), inp.mask_N & (rho_N > cfg.correction_clip)
+    if cfg.correction == "token_tis":
+        return Correction(log_rho_N, tis_N, None, over_N, none_S)
+    if cfg.correction == "seq_tis":
+        over_S = (geo_S > cfg.correction_clip) & (n_tok_S > 0)
+        return Correction(log_rho_N, None, geo_S.clamp(max=cfg.correction_clip), none_N, over_S)
+    if cfg.correction == "token_mask":
+        inside_N = (rho_N >= cfg.correction_low) & (rho_N <= cfg.correction_high)
+        return Correction(log_rho_N, torch.where(inside_N, rho_N, 0.0), None, inp.mask_N & ~inside_N, none_S)
+    inside_S = (geo_S >= cfg.correction_low) & (geo_S <= cfg.correction_high)  # seq_mask
+    kept_N = inside_S[inp.seq_N.clamp(0, n_seq - 1)]
+    return Correction(log_rho_N, tis_N, inside_S.to(rho_N.dtype), over_N & kept_N, ~inside_S & (n_tok_S > 0))
+
+
 def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
     """Dispatch on ``cfg.kind``; see the module docstring for the layout and normalisation."""
     n_seq = inp.adv_S.shape[0]
@@ -78,25 +117,33 @@ def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
     keep_S = (n_tok_S > 0).float()
     if cfg.overlong_filtering:
         keep_S = keep_S * (~inp.truncated_S).float()
-    log_ratio_N = inp.logp_N - inp.old_logp_N
+    corr = correction_weights(inp, cfg, n_tok_S)
+    anchor_N = inp.old_logp_N if cfg.correction == "none" else inp.logp_N.detach()
+    log_ratio_N = inp.logp_N - anchor_N
     if cfg.kind == "grpo":
-        loss_sum, count, ratio_stats = _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S)
+        loss_sum, count, ratio_stats = _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr)
     else:
-        loss_sum, count, ratio_stats = _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S)
-    return LossOutput(loss_sum, count, _metrics(inp, log_ratio_N, keep_S, n_tok_S, ratio_stats))
+        loss_sum, count, ratio_stats = _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr)
+    metrics = _metrics(inp, inp.logp_N - inp.old_logp_N, keep_S, n_tok_S, ratio_stats)
+    metrics.update(_mismatch_metrics(inp, corr, n_tok_S))
+    return LossOutput(loss_sum, count, metrics)
 
 
-def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
+def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
     n_seq = inp.adv_S.shape[0]
     log_s_S = _whole(_per_seq_sum(log_ratio_N, inp, n_seq), inp) / n_tok_S.clamp(min=1)
     weight_S = n_tok_S if cfg.seq_weighting == "length" else torch.ones_like(n_tok_S)
-    if cfg.kind == "gspo" and inp.seq_total is None:
+    if corr.seq_w_S is not None:
+        weight_S = weight_S * corr.seq_w_S
+    if cfg.kind == "gspo" and inp.seq_total is None and corr.token_w_N is None:
         s_S = log_s_S.exp()
         obj_S, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     else:  # gspo_token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], averaged over the sequence's tokens
         log_s_N = inp.logp_N - inp.logp_N.detach() + log_s_S.detach()[inp.seq_N.clamp(0, n_seq - 1)]
         obj_N, _ = _clipped_objective(log_s_N.exp(), inp.adv_S[inp.seq_N.clamp(0, n_seq - 1)], cfg.eps_low,
                                       cfg.eps_high)
+        if corr.token_w_N is not None:
+            obj_N = obj_N * corr.token_w_N
         obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)
         s_S = log_s_S.detach().exp()
         _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
@@ -107,12 +154,16 @@ def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
     return loss_sum, count, stats
 
 
-def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S):
+def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
     n_seq = inp.adv_S.shape[0]
     seq = inp.seq_N.clamp(0, n_seq - 1)
     ratio_N = log_ratio_N.exp()
     obj_N, clipped_N = _clipped_objective(ratio_N, inp.adv_S[seq], cfg.eps_low, cfg.eps_high)
     obj_N = obj_N * keep_S[seq]
+    if corr.token_w_N is not None:
+        obj_N = obj_N * corr.token_w_N
+    if corr.seq_w_S is not None:
+        obj_N = obj_N * corr.seq_w_S[seq]
     if cfg.aggregation == "token_mean":
         loss_sum = -obj_N[inp.mask_N].sum()
         count = inp.mask_N.sum().to(torch.int)  # this rank's tokens: under CP the ranks' counts add up
@@ -156,6 +207,57 @@ def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
     return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}
 
 
+LAG_BUCKETS = 4
+"""Mismatch metrics are kept per token lag 0 (fresh), 1, 2 and ``LAG_BUCKETS - 1`` or more."""
+
+
+def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) -> dict:
+    """Sums per lag bucket over the loss tokens: count, |log rho|, the k3 estimate of KL(mu || pi)
+    ((rho - 1) - log rho, >= 0) and the tokens the correction cut; and the sequences it cut."""
+    tok = inp.mask_N
+    log_rho = corr.log_rho_N.detach()
+    k3 = torch.expm1(log_rho.double()) - log_rho.double()  # fp64: at fp32 round-off drift, exp(x) - 1 - x cancels
+    once = 1.0 if inp.counts_sequences else 0.0
+    m = {"mm_seqs": (n_tok_S > 0).sum().float() * once, "mm_seqs_cut": corr.cut_S.sum().float() * once}
+    lag = inp.lag_N.clamp(0, LAG_BUCKETS - 1) if inp.lag_N is not None else torch.zeros_like(inp.seq_N)
+    buckets = range(LAG_BUCKETS) if inp.lag_N is not None else ["all"]
+    for k in buckets:
+        where = tok & (lag == (0 if k == "all" else k))
+        m[f"mm_{k}_tokens"] = where.sum().float()
+        m[f"mm_{k}_abs_log_rho_sum"] = log_rho[where].abs().sum()
+        m[f"mm_{k}_k3_sum"] = k3[where].sum()
+        m[f"mm_{k}_cut"] = (corr.cut_N & where).sum().float()
+    return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}
+
+
+def _mismatch_figures(totals: dict, name: str, buckets: list) -> dict:
+    tokens = sum(float(totals[f"mm_{k}_tokens"]) for k in buckets)
+    if tokens == 0:
+        return {}
+    total = {q: sum(float(totals[f"mm_{k}_{q}"]) for k in buckets) for q in ("abs_log_rho_sum", "k3_sum", "cut")}
+    return {f"mismatch/{name}/tokens": tokens, f"mismatch/{name}/abs_log_rho": total["abs_log_rho_sum"] / tokens,
+            f"mismatch/{name}/kl_k3": total["k3_sum"] / tokens, f"mismatch/{name}/cut_share": total["cut"] / tokens}
+
+
+def finalize_mismatch(totals: dict) -> dict:
+    """The logged mismatch figures (keys under ``mismatch/``): over all loss tokens; if the tokens'
+    lags are known, on fresh tokens (pure train/inference drift), on stale ones (drift plus policy
+    change) and per lag; and the share of sequences the correction cut."""
+    if "mm_seqs" not in totals:
+        return {}
+    lagged = "mm_0_tokens" in totals
+    buckets = list(range(LAG_BUCKETS)) if lagged else ["all"]
+    out = _mismatch_figures(totals, "all", buckets)
+    out["mismatch/seqs_cut_share"] = float(totals["mm_seqs_cut"]) / max(float(totals["mm_seqs"]), 1.0)
+    if lagged:
+        out.update(_mismatch_figures(totals, "fresh", [0]))
+        out.update(_mismatch_figures(totals, "stale", buckets[1:]))
+        for k in buckets[1:]:
+            label = f"lag{k}" if k < LAG_BUCKETS - 1 else f"lag{k}+"
+            out.update(_mismatch_figures(totals, label, [k]))
+    return out
+
+
 def finalize_metrics(totals: dict) -> dict:
     """Turn reduced sums/min/max into the logged means (keys under ``train/``)."""
     items = max(float(totals["ratio_items"]), 1.0)
@@ -177,7 +279,7 @@ def finalize_metrics(totals: dict) -> dict:
         if totals["drift_tokens"] > 0:
             out["train/drift_abs_mean"] = float(totals["drift_abs_sum"]) / float(totals["drift_tokens"])
             out["train/drift_abs_max"] = float(totals["drift_abs_max"])
-    return out
+    return out | finalize_mismatch(totals)
 
 
 def gspo_loss(inp: LossInputs, cfg: LossConfig | None = None) -> LossOutput:

@@ -53,7 +53,7 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chu
     logp, entropy = token_logprobs(output, mb, ctx, vocab_size, cfg.temperature, model=model,
                                    chunk_tokens=chunk_tokens)
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
-                     mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten(),
+                     mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten(), mb.lag.flatten(),
                      seq_total=_sum_over_cp(ctx), counts_sequences=ctx.cp_rank == 0)
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
@@ -124,12 +124,12 @@ def train_step(chunks, microbatches: list[MicroBatch], *, optimizer, scheduler, 
     bad = [i for i, m in enumerate(per_mb) if m["nonfinite"] > 0] if ctx.is_last_stage else []
     if any_rank(bool(bad)):  # every rank stops before the optimizer touches a weight
         raise NonFiniteError("loss", bad)
+    lr = optimizer.param_groups[0]["lr"]  # the step's own (the scheduler's step below sets the next one)
     success, grad_norm, _ = optimizer.step()
     if not success:  # Megatron found Inf/NaN gradients on some rank and skipped the update everywhere
         raise NonFiniteError("gradients", [])
     scheduler.step(increment=1)
-    metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-               "train/lr": optimizer.param_groups[0]["lr"]}
+    metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "train/lr": lr}
     if routing is not None:
         metrics.update(routing_metrics(sum_over_world(routing.take_counts()), chunks[0].config.moe_router_topk))
     if ctx.is_last_stage:

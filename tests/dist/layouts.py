@@ -32,6 +32,10 @@ SEQ_LEN = 48
 OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, clip_grad=1.0, adam_eps=1e-3)
 GSPO = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
 DAPO = LossConfig(kind="grpo", aggregation="token_mean", eps_low=0.2, eps_high=0.28)
+# bounds inside this case's spread of rho (0.05 to 0.95: the random weights are not the behaviour policy),
+# so that each correction keeps some tokens and sequences and cuts others
+SEQ_MASK = dataclasses.replace(GSPO, correction="seq_mask", correction_low=0.2, correction_clip=0.5)
+TOKEN_MASK = dataclasses.replace(DAPO, correction="token_mask", correction_low=0.1)
 
 
 def reference_state(model_full_names) -> dict:
@@ -47,7 +51,9 @@ def samples() -> list[TrainSample]:
         clen = 5 + (7 * i) % 13
         toks = torch.randint(0, ARCH.vocab_size, (plen + clen,), generator=g).tolist()
         old = (-torch.rand(clen, generator=g) * 3 - 2.5).tolist()
-        out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5)))
+        lags = [(i + k) % 3 for k in range(clen)]  # fresh and stale tokens, for the mismatch figures
+        out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5),
+                               lags=lags))
     return out
 
 
@@ -111,6 +117,11 @@ def main(out_path):
     runs += [("cp/cp2_packed", 1, 1, True, GSPO, False, CHUNK, ARCH, 2),
              ("cp/cp2_packed_full", 1, 1, True, GSPO, False, 0, ARCH, 2),
              ("cp/cp2_packed_dapo", 1, 1, True, DAPO, False, CHUNK, ARCH, 2)]
+    # Mismatch corrections: sequence-level (sums over CP ranks) and token-level
+    runs += [("seqmask/tp1_dp2", 1, 1, False, SEQ_MASK), ("seqmask/tp2", 2, 1, False, SEQ_MASK),
+             ("seqmask/pp2", 1, 2, False, SEQ_MASK), ("seqmask/tp1_dp2_packed", 1, 1, True, SEQ_MASK),
+             ("seqmask/cp2_packed", 1, 1, True, SEQ_MASK, False, CHUNK, ARCH, 2),
+             ("tokmask/tp1_dp2", 1, 1, False, TOKEN_MASK), ("tokmask/pp2_packed", 1, 2, True, TOKEN_MASK)]
     results = {"initial": reference_state(sorted(canonical_shapes(ARCH).items())),
                "initial_tied": reference_state(sorted(canonical_shapes(TIED).items()))}
     for name, *layout in runs:

@@ -97,6 +97,23 @@ def test_train_inference_drift_is_round_off(run_dir):
     assert max(scalars(run_dir, "train/drift_abs_max")) < 1e-2
 
 
+def test_mismatch_is_reported_for_fresh_and_stale_tokens_and_stale_ones_differ_more(run_dir):
+    """max_lag=1: tokens sampled by the previous weights carry drift plus one step of policy change,
+    fresh ones round-off only; both figures in every step that trained both kinds. (Warmup starts at
+    lr 0: the first update changes nothing, so step 1's stale tokens are not compared.)"""
+    rows = metrics(run_dir)
+    lr = {r["step"]: r["train/lr"] for r in rows}
+    assert lr[0] == 0 < lr[1]
+    both = [r for r in rows if "mismatch/fresh/abs_log_rho" in r and "mismatch/stale/abs_log_rho" in r
+            and lr[r["step"] - 1] > 0]
+    assert len(both) >= STEPS // 2
+    for r in both:
+        assert r["mismatch/stale/abs_log_rho"] > r["mismatch/fresh/abs_log_rho"], r
+        assert r["mismatch/stale/kl_k3"] > r["mismatch/fresh/kl_k3"] >= 0, r
+        assert r["mismatch/stale/tokens"] == r["mismatch/lag1/tokens"]  # max_lag=1: every stale token is lag 1
+        assert r["mismatch/all/cut_share"] == 0  # loss.correction=none cuts nothing
+
+
 def test_tensorboard_has_the_run_metrics(run_dir):
     acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -105,7 +122,8 @@ def test_tensorboard_has_the_run_metrics(run_dir):
               "mix/math/realised", "mix/math/target", "rollout/length_penalty", "rollout/groups_filtered",
               "train/clip_fraction", "train/ratio_mean", "train/drift_abs_mean", "train/drift_abs_max",
               "rollout/lag_mean", "lag/0", "sync/total_s", "sync/pause_s", "rollout/consumed_tokens_per_s",
-              "train/tokens", "time/train_s", "time/wait_rollouts_s"}
+              "train/tokens", "time/train_s", "time/wait_rollouts_s", "mismatch/fresh/abs_log_rho",
+              "mismatch/stale/kl_k3", "mismatch/seqs_cut_share"}
     assert needed <= tags, sorted(needed - tags)
     actor = EventAccumulator(str(run_dir / "tensorboard" / "actor"))
     actor.Reload()

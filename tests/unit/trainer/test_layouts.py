@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from megatron_apriel.convert.mapping import canonical_to_hf
-from tests.dist.layouts import ARCH, GSPO, samples
+from tests.dist.layouts import ARCH, GSPO, SEQ_MASK, samples
 from tests.unit.conftest import run_dist
 from tests.unit.trainer.test_loss import reference_gspo
 
@@ -94,6 +94,43 @@ def test_some_sequences_hit_the_clip_and_one_is_filtered(results):
     m = results["gspo/tp1_dp2"]["metrics"]
     assert 0 < m["train/clip_fraction"] < 1
     assert m["train/seqs_filtered"] == 1
+
+
+MISMATCH = ("mismatch/fresh/abs_log_rho", "mismatch/stale/kl_k3", "mismatch/lag2/abs_log_rho",
+            "mismatch/all/cut_share", "mismatch/seqs_cut_share")
+
+
+@pytest.mark.parametrize("name, base", [("seqmask/tp2", "seqmask/tp1_dp2"), ("seqmask/pp2", "seqmask/tp1_dp2"),
+                                        ("seqmask/tp1_dp2_packed", "seqmask/tp1_dp2"),
+                                        ("seqmask/cp2_packed", "seqmask/tp1_dp2"),
+                                        ("tokmask/pp2_packed", "tokmask/tp1_dp2")])
+def test_corrections_and_mismatch_figures_agree_across_layouts(results, name, base):
+    """loss.correction=seq_mask (sequence weights summed over CP ranks, then token TIS) and token_mask:
+    the same step and the same mismatch figures at every layout."""
+    assert_same_step(results[name], results[base])
+    for key in MISMATCH:
+        assert results[name]["metrics"][key] == pytest.approx(results[base]["metrics"][key], abs=ATOL), key
+
+
+def test_the_seq_mask_step_is_the_reference_loss_of_its_log_probs(results):
+    """From the step's own log-probs (taken before it) and the samples' behaviour log-probs, the
+    corrected loss by the formulas: -(1/B) sum_i n_i w_i mean_t min(rho_t, C) A_i (the ratio against
+    the step's own weights is 1), w_i = 1 if the geometric mean of rho is in [low, high] else 0."""
+    run, cfg = results["seqmask/tp1_dp2"], SEQ_MASK
+    total, cut = 0.0, 0
+    for i, s in enumerate(samples()):
+        log_rho = run["logp"][i].double() - torch.as_tensor(s.behaviour_logprobs).double()
+        geo = log_rho.mean().exp().item()
+        inside = cfg.correction_low <= geo <= cfg.correction_high
+        cut += not inside
+        if s.truncated or not inside:
+            continue
+        total -= len(log_rho) * log_rho.exp().clamp(max=cfg.correction_clip).mean().item() * s.advantage
+    assert run["metrics"]["train/loss"] == pytest.approx(total / len(samples()), abs=ATOL)
+    assert run["metrics"]["mismatch/seqs_cut_share"] == pytest.approx(cut / len(samples()))
+    assert 0 < cut < len(samples())  # the case masks some sequences and keeps others
+    assert 0 < run["metrics"]["mismatch/all/cut_share"] < 1  # and truncates some tokens of those it keeps
+    assert 0 < results["tokmask/tp1_dp2"]["metrics"]["mismatch/all/cut_share"] < 1
 
 
 def _transformers_model(canonical: dict):
