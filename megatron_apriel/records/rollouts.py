@@ -308,7 +308,7 @@ class RolloutGroup(Record):
                              "--return-routed-experts` (the launchers add it when rollout.routing_replay is on).")
         return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
                            r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
-                           group=self.seq, lags=r.token_lags(version), routing=routing)
+                           group=self.seq, lags=r.token_lags(version), server=r.server, routing=routing)
 
     def train_samples(self, version: int) -> list["TrainSample"]:
         """One `TrainSample` per rollout (see `train_sample`)."""
@@ -338,12 +338,15 @@ class TrainSample:
     """The completion hit the length limit (overlong filtering masks it out of the loss)."""
     fresh_start: int = 0
     """Completion tokens from this index on were sampled by the very weights being trained: on
-    them |log pi_train - log pi_behaviour| is pure train/inference drift."""
+    them |log pi_train - log pi_behaviour| is pure train/inference drift (read only where ``lags``
+    is not given)."""
     group: int = -1
     """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
     lags: Optional[np.ndarray] = None
     """Per completion token, how many weight versions older than the trained ones sampled it (0:
     fresh; int32 array, a list is converted); None: 0 from ``fresh_start`` on, 1 before."""
+    server: str = ""
+    """The URL of the server that generated it ("": not from a fleet)."""
     routing: Optional[np.ndarray] = None
     """MoE models: the experts vLLM routed each token to, ``[len(tokens), moe_layers, top_k]``
     integers, -1 where it did not route the token (the last sampled one); None: not recorded."""

@@ -45,6 +45,7 @@ class MicroBatch:
     cu_seqlens: Optional[torch.Tensor] = None  # [n_segments + 1] int32, packed rows only
     max_seqlen: int = 0
     sample_ids: list[int] = field(default_factory=list)  # index of each sequence in the step
+    servers: list[str] = field(default_factory=list)  # the server that generated each sequence ("": none)
 
     def to(self, device) -> "MicroBatch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
@@ -68,8 +69,8 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     row["labels"][first:last] = torch.from_numpy(s.tokens[s.prompt_len :])
     row["loss_mask"][first:last] = True
     row["old_logp"][first:last] = torch.from_numpy(s.behaviour_logprobs)
-    row["fresh"][first + s.fresh_start : last] = True
     row["lag"][first:last] = torch.from_numpy(s.lags)
+    row["fresh"][first:last] = row["lag"][first:last] == 0
     row["seq"][start : start + n] = seq_index
     row["valid"][start : start + n] = True
     if s.routing is not None:
@@ -105,6 +106,7 @@ def _per_seq(samples: list[TrainSample]) -> dict:
     return {
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         "truncated": torch.tensor([s.truncated for s in samples], dtype=torch.bool),
+        "servers": [s.server for s in samples],
     }
 
 

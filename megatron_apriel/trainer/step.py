@@ -16,6 +16,7 @@ from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS, LossConfig
 from megatron_apriel.trainer.logprobs import chunked_head_logprobs, vocab_parallel_logprobs
 from megatron_apriel.trainer.loss import METRIC_REDUCTIONS, LossInputs, finalize_metrics, policy_loss
+from megatron_apriel.trainer.mismatch import PER_SEQ_FRESH, fresh_drift_by_sequence, server_drift
 
 
 def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None, ctx: Optional[ParallelContext] = None,
@@ -58,6 +59,7 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chu
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
                    nonfinite=(~torch.isfinite(out.loss_sum.detach())).float())
+    metrics[PER_SEQ_FRESH] = fresh_drift_by_sequence(inp).cpu()
     return out.loss_sum, out.count, metrics
 
 
@@ -135,6 +137,7 @@ def train_step(chunks, microbatches: list[MicroBatch], *, optimizer, scheduler, 
     if ctx.is_last_stage:
         # CP ranks hold parts of the same sequences: their sums add up like DP ranks'
         group = ctx.pgs.dp_cp if ctx.dims.dp * ctx.dims.cp > 1 else None
+        metrics.update(server_drift(per_mb, microbatches, group))
         totals = reduce_metrics(per_mb, METRIC_REDUCTIONS, group)
         metrics.update(finalize_metrics(totals))
         metrics["train/loss"] = totals["loss_sum"] / max(totals["count"], 1.0)

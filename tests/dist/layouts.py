@@ -53,7 +53,7 @@ def samples() -> list[TrainSample]:
         old = (-torch.rand(clen, generator=g) * 3 - 2.5).tolist()
         lags = [(i + k) % 3 for k in range(clen)]  # fresh and stale tokens, for the mismatch figures
         out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5),
-                               lags=lags))
+                               lags=lags, server=f"http://10.0.0.{i % 3}:8000"))
     return out
 
 

@@ -112,6 +112,16 @@ def test_mismatch_is_reported_for_fresh_and_stale_tokens_and_stale_ones_differ_m
         assert r["mismatch/stale/kl_k3"] > r["mismatch/fresh/kl_k3"] >= 0, r
         assert r["mismatch/stale/tokens"] == r["mismatch/lag1/tokens"]  # max_lag=1: every stale token is lag 1
         assert r["mismatch/all/cut_share"] == 0  # loss.correction=none cuts nothing
+    # the one server sampled every fresh token: its own drift figure is the fresh one
+    for r in rows:
+        per_server = {k.split("/")[2] for k in r if k.startswith("mismatch/server/")}
+        if "mismatch/fresh/tokens" not in r:
+            assert not per_server, r
+            continue
+        (server,) = per_server
+        assert r[f"mismatch/server/{server}/fresh_tokens"] == r["mismatch/fresh/tokens"]
+        assert r[f"mismatch/server/{server}/fresh_abs_log_rho"] == pytest.approx(r["mismatch/fresh/abs_log_rho"],
+                                                                                 rel=1e-5)
 
 
 def test_tensorboard_has_the_run_metrics(run_dir):

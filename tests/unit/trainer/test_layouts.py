@@ -112,6 +112,22 @@ def test_corrections_and_mismatch_figures_agree_across_layouts(results, name, ba
         assert results[name]["metrics"][key] == pytest.approx(results[base]["metrics"][key], abs=ATOL), key
 
 
+@pytest.mark.parametrize("name", ["gspo/tp1_dp2", "gspo/tp2", "gspo/pp2_packed", "cp/cp2_packed", "seqmask/cp2_packed"])
+def test_each_servers_fresh_drift_is_the_mean_over_the_fresh_tokens_it_sampled(results, name):
+    """Per server (three, the samples spread over DP ranks, micro-batches and CP halves): mean
+    |log pi - log mu| over its lag-0 tokens, from the step's own log-probs."""
+    run, want = results[name], {}
+    for i, s in enumerate(samples()):
+        fresh = torch.as_tensor(s.lags) == 0
+        drift = (run["logp"][i].double() - torch.as_tensor(s.behaviour_logprobs).double()).abs()[fresh]
+        total = want.setdefault(s.server.split("://")[1], [0.0, 0])
+        total[0], total[1] = total[0] + drift.sum().item(), total[1] + int(fresh.sum())
+    assert len(want) == 3
+    for server, (drift, tokens) in want.items():
+        assert run["metrics"][f"mismatch/server/{server}/fresh_tokens"] == tokens
+        assert run["metrics"][f"mismatch/server/{server}/fresh_abs_log_rho"] == pytest.approx(drift / tokens, abs=ATOL)
+
+
 def test_the_seq_mask_step_is_the_reference_loss_of_its_log_probs(results):
     """From the step's own log-probs (taken before it) and the samples' behaviour log-probs, the
     corrected loss by the formulas: -(1/B) sum_i n_i w_i mean_t min(rho_t, C) A_i (the ratio against
