@@ -61,6 +61,11 @@ class LaunchConfig:
     master_port: int = 0
     """Rendezvous port for those ranks; 0: torchrun binds a free one as it starts (``--standalone``),
     so two runs on one machine never collide."""
+    gpus_per_node: int = 0
+    """GPUs of this machine that the run shares between the vLLM servers (first, each taking its
+    --tensor-parallel-size x --pipeline-parallel-size) and the trainer's ranks (the next
+    ``nproc_per_node``); each process gets its own CUDA_VISIBLE_DEVICES (``launch/devices.py``).
+    0: assign none (a CPU machine, or devices handed out by hand)."""
     dry_run: bool = False
     """Print the processes, ranks and resources the run would start, then exit."""
     export_hf: bool = True
@@ -69,6 +74,8 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
             raise ValueError("launch.nnodes and launch.nproc_per_node must be >= 1.")
+        if self.gpus_per_node < 0:
+            raise ValueError(f"launch.gpus_per_node must be >= 0 (0: a CPU machine), got {self.gpus_per_node}.")
         if not 0 <= self.master_port < 65536:
             raise ValueError(f"launch.master_port={self.master_port} is not a port; use 0 for a free one.")
 

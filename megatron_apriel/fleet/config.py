@@ -64,6 +64,15 @@ class ServerArgs:
         return int(self.value("--tensor-parallel-size", "-tp") or 1)
 
     @property
+    def pipeline_parallel_size(self) -> int:
+        return int(self.value("--pipeline-parallel-size", "-pp") or 1)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one server takes (tensor x pipeline parallel)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
     def gpu_memory_utilization(self) -> float:
         return float(self.value("--gpu-memory-utilization") or 0.9)  # vLLM's default
 

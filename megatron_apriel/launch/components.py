@@ -15,9 +15,11 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from typing import Optional
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.fleet.registry import serve_command
+from megatron_apriel.launch.devices import DeviceSplit, split_devices
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
 from megatron_apriel.run_dir import RunDir
@@ -68,10 +70,23 @@ def server_flags(run: RunConfig) -> list[str]:
     return list(args.argv)
 
 
+def device_split(run: RunConfig) -> Optional[DeviceSplit]:
+    """This machine's GPUs between the servers the launch starts and the trainer (``launch/devices.py``)."""
+    local_servers = run.fleet.num_servers if run.rollout.source == "fleet" and not run.fleet.servers else 0
+    return split_devices(run.launch.gpus_per_node, local_servers, run.fleet.server_args.gpus,
+                         run.launch.nproc_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _on(env: dict, devices: Optional[str]) -> dict:
+    """``env`` with these GPUs ("": none, for the actor, which needs none) or, with no split, unchanged."""
+    return env if devices is None else {**env, "CUDA_VISIBLE_DEVICES": devices}
+
+
 def components(run: RunConfig) -> list[Component]:
     """The processes a run starts on this machine (servers, actor, trainer), not yet started."""
     paths = run.paths
     env = run_env(run.run_dir)
+    split = device_split(run)
     run_dir = ["--run-dir", run.run_dir]
     out: list[Component] = []
     fleet = run.rollout.source == "fleet"
@@ -81,16 +96,17 @@ def components(run: RunConfig) -> list[Component]:
             port = base + i if base else free_port()
             cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run),
                                 register_dir=paths.fleet)
-            out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), env,
+            gpus = split.servers[i] if split else None
+            out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), _on(env, gpus),
                                  restarts_left=run.fleet.max_restarts))
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *run_dir],
-                             paths.log("actor"), env, restarts_left=run.fleet.max_restarts))
+                             paths.log("actor"), _on(env, "" if split else None), restarts_left=run.fleet.max_restarts))
     # launch.master_port=0: torchrun binds a free port itself when it starts (--standalone). A port
     # picked here could be taken by then: the servers start first and bind ports of their own.
     rendezvous = ["--master_port", str(run.launch.master_port)] if run.launch.master_port else ["--standalone"]
     out.append(Component("trainer", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                                      str(run.launch.nproc_per_node), *rendezvous, "-m",
                                      "megatron_apriel.entrypoints.trainer_rank", *run_dir],
-                         paths.log("trainer"), env))
+                         paths.log("trainer"), _on(env, split.trainer if split else None)))
     return out

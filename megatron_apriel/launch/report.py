@@ -7,7 +7,13 @@ import math
 from pathlib import Path
 
 from megatron_apriel.config import RunConfig
-from megatron_apriel.launch.components import Component
+from megatron_apriel.launch.components import Component, device_split
+
+
+def _devices(c: Component) -> str:
+    """The process's own GPUs, as a shell would set them before its command."""
+    devices = c.env.get("CUDA_VISIBLE_DEVICES")
+    return "" if devices is None else f"CUDA_VISIBLE_DEVICES={devices} "
 
 
 def describe(run: RunConfig, components: list[Component]) -> str:
@@ -40,5 +46,8 @@ def describe(run: RunConfig, components: list[Component]) -> str:
         if run.fleet.servers:
             lines.append(f"servers (already running): {run.fleet.servers}")
     lines.append("processes:")
-    lines += [f"  {c.name:<9} {' '.join(c.cmd)}" for c in components]
+    lines += [f"  {c.name:<9} {_devices(c)}{' '.join(c.cmd)}" for c in components]
+    split = device_split(run)
+    if split is not None and split.idle:
+        lines.append(f"idle GPUs: {','.join(split.idle)} (launch.gpus_per_node={run.launch.gpus_per_node})")
     return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""One machine's GPUs between the fleet and the trainer (launch.gpus_per_node): the split for several
+layouts against hand-written expectations, the refusals, each component's CUDA_VISIBLE_DEVICES (also
+after a restart) and the dry run's printout. Nothing here needs a GPU: the devices are only named."""
+
+import pytest
+
+from megatron_apriel.config import compose_config, to_run_config
+from megatron_apriel.launch.components import Component, components
+from megatron_apriel.launch.devices import DeviceSplit, split_devices
+from tests.unit.launch.test_launch import apriel_train
+
+
+@pytest.mark.parametrize("args, want", [
+    ((8, 2, 1, 2, None), DeviceSplit(("0", "1"), "2,3", ("4", "5", "6", "7"))),
+    ((8, 2, 2, 4, None), DeviceSplit(("0,1", "2,3"), "4,5,6,7")),
+    ((8, 4, 1, 4, None), DeviceSplit(("0", "1", "2", "3"), "4,5,6,7")),
+    ((8, 0, 1, 8, None), DeviceSplit((), "0,1,2,3,4,5,6,7")),  # servers elsewhere: the node is the trainer's
+    ((4, 1, 1, 3, "4,5,6,7"), DeviceSplit(("4",), "5,6,7")),  # the launcher's own visible GPUs, in its order
+    ((2, 1, 1, 1, "3,1,0"), DeviceSplit(("3",), "1")),
+])
+def test_the_split_for_several_layouts(args, want):
+    assert split_devices(*args) == want
+
+
+def test_a_cpu_machine_gets_no_devices():
+    assert split_devices(0, 2, 1, 2) is None
+
+
+@pytest.mark.parametrize("args, keys", [
+    ((4, 2, 2, 1, None), ["launch.gpus_per_node=4", "fleet.num_servers=2", "launch.nproc_per_node=1"]),
+    ((8, 1, 1, 8, None), ["launch.gpus_per_node=8", "launch.nproc_per_node=8"]),
+    ((4, 1, 1, 1, "0,1"), ["launch.gpus_per_node=4", "CUDA_VISIBLE_DEVICES=0,1"]),
+])
+def test_a_split_that_does_not_fit_is_refused_naming_the_keys(args, keys):
+    with pytest.raises(ValueError) as err:
+        split_devices(*args)
+    assert all(k in str(err.value) for k in keys), str(err.value)
+
+
+def run_config(tmp_path, *overrides):
+    return to_run_config(compose_config("tiny_cpu", [f"run_dir={tmp_path / 'run'}", *overrides]))
+
+
+def test_each_component_gets_its_own_gpus(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = run_config(tmp_path, "launch.gpus_per_node=8", "fleet.num_servers=3", "launch.nproc_per_node=4",
+                     "fleet.vllm_args=[--tensor-parallel-size,1]")
+    got = {c.name: c.env.get("CUDA_VISIBLE_DEVICES") for c in components(run)}
+    assert got == {"server_0": "0", "server_1": "1", "server_2": "2", "actor": "", "trainer": "3,4,5,6"}
+    cpu = {c.name: c.env.get("CUDA_VISIBLE_DEVICES") for c in components(run_config(tmp_path))}
+    assert set(cpu.values()) == {None}  # launch.gpus_per_node=0: the environment is the launcher's
+
+
+def test_a_restarted_server_gets_the_same_gpus_back(tmp_path):
+    c = Component("server_1", ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 3"], tmp_path / "s.log",
+                  {"CUDA_VISIBLE_DEVICES": "2,3"}, restarts_left=1)
+    for _ in range(2):  # the launcher's restart: stop what is left, start the same component again
+        c.start()
+        assert c.proc.wait(30) == 3
+        c.stop()
+    printed = [line for line in (tmp_path / "s.log").read_text().splitlines() if line and not line.startswith("=")]
+    assert printed == ["2,3", "2,3"]
+
+
+def test_the_dry_run_prints_each_processs_gpus(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    proc = apriel_train("--config-name", "tiny_cpu", f"run_dir={tmp_path / 'run'}", "launch.dry_run=true",
+                        "launch.gpus_per_node=8", "fleet.num_servers=2", "launch.nproc_per_node=4",
+                        "fleet.vllm_args=[--tensor-parallel-size,2]", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert "CUDA_VISIBLE_DEVICES=0,1 " in lines["server_0"] and "CUDA_VISIBLE_DEVICES=2,3 " in lines["server_1"]
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 " in lines["trainer"] and "CUDA_VISIBLE_DEVICES= " in lines["actor"]
+    refused = apriel_train("--config-name", "tiny_cpu", f"run_dir={tmp_path / 'run2'}", "launch.dry_run=true",
+                           "launch.gpus_per_node=4", "fleet.num_servers=2", "launch.nproc_per_node=4", cwd=tmp_path)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "launch.gpus_per_node=4 cannot hold fleet.num_servers=2" in refused.stderr
