@@ -203,7 +203,8 @@ class Actor:
         if self.members is None or time.monotonic() - self._last_members < every_s:
             return
         self._last_members = time.monotonic()
-        for url, instance in self.members():
+        members = dict(self.members())
+        for url, instance in members.items():
             known = self._instances.get(url)
             if known is None:
                 self.client.add_server(url)
@@ -212,6 +213,10 @@ class Actor:
                             "weights", url)
                 self.client.mark_restarted(url)
             self._instances[url] = instance
+        for url in sorted(set(self._instances) - set(members)):  # its registration is gone: retired
+            log.warning("server %s left the fleet (its registration was withdrawn); it gets no more requests", url)
+            self.client.remove_server(url)
+            del self._instances[url]
 
     def _log_metrics(self) -> None:
         now = time.monotonic()

@@ -43,6 +43,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -122,9 +123,18 @@ def advertised_url(vllm_args: list[str], advertise_host: str | None) -> str:
     return f"http://{host}:{args.port}"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s: float = 1.0) -> None:
     """Forked (twice, so that the exec'd server never has to reap it) before the exec: wait for
-    ``/health``, register, exit; exit early if the server died first."""
+    ``/health``, register; then, while the server lives, watch for a request that it stop (the drift
+    gate's, ``fleet.registry.retire``) and pass it on as SIGTERM; exit early if the server died first."""
     child = os.fork()
     if child != 0:
         os.waitpid(child, 0)
@@ -135,19 +145,22 @@ def _register_when_healthy(register_dir: str, url: str, server_pid: int, poll_s:
     try:
         import httpx
 
-        from megatron_apriel.fleet.registry import register
+        from megatron_apriel.fleet.registry import register, retire_request
 
-        while True:
-            try:
-                os.kill(server_pid, 0)
-            except ProcessLookupError:
-                break  # the server died before it was healthy: nothing to register
+        reg = None
+        while reg is None and _alive(server_pid):  # dead before it was healthy: nothing to register
             try:
                 if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    register(register_dir, url, server_pid, url.split("://")[1].rsplit(":", 1)[0])
+                    reg = register(register_dir, url, server_pid, url.split("://")[1].rsplit(":", 1)[0])
                     break
             except httpx.TransportError:
                 pass
+            time.sleep(poll_s)
+        while reg is not None and _alive(server_pid):
+            if (reason := retire_request(register_dir, reg.instance)) is not None:
+                print(f"apriel-serve: asked to stop ({reason}); stopping the server", file=sys.stderr, flush=True)
+                os.kill(server_pid, signal.SIGTERM)
+                break
             time.sleep(poll_s)
     except Exception as err:  # a forked child must not return into the exec path; report and exit non-zero
         print(f"apriel-serve: registration in {register_dir} failed: {type(err).__name__}: {err}", file=sys.stderr)

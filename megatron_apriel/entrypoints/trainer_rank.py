@@ -107,9 +107,14 @@ def build_trainer(run: RunConfig, ctx, stop: Optional[StopFlag] = None):
     source = ROLLOUT_SOURCES[run.rollout.source](run, ctx, parts)
     sender = build_sender(run, ctx, parts, stop) if run.rollout.source == "fleet" else None
     logger = build_logger(Path(run.run_dir), enabled=ctx.is_logging_rank)
+    gate = None
+    if run.fleet.drift_gate.enabled and run.rollout.source == "fleet":
+        from megatron_apriel.trainer.drift_gate import FleetGate
+
+        gate = FleetGate(run.fleet.drift_gate, run.paths.fleet, ctx.is_logging_rank)
     return Trainer(trainer=run.trainer, loss=run.loss, checkpoint=run.checkpoint, checkpoints=run.paths.checkpoints,
                    init_hf=run.model.hf_path, ctx=ctx, parts=parts, source=source, logger=logger, sender=sender,
-                   stop=stop)
+                   stop=stop, gate=gate)
 
 
 def run_trainer(run: RunConfig) -> None:

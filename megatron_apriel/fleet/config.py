@@ -86,6 +86,28 @@ class ServerArgs:
 
 
 @dataclass(kw_only=True)
+class DriftGateConfig:
+    """Takes a server whose numeric drift is too large out of the fleet (docs/mismatch.md "The drift gate")."""
+
+    enabled: bool = False
+    max_drift: float = 0.1
+    """Mean |log pi_train - log pi_vllm| over a server's fresh tokens (nats per token) above which it
+    trips. Published bf16 drift is 0.03-0.04 (RECIPE.md section 10); fp32 on a CPU is ~2e-7."""
+    window_tokens: int = 4096
+    """Fresh tokens of a server that are judged together (a window ends at the first step that fills it)."""
+    before_trip: str = "train"
+    """Its tokens in the stream from before the trip: train (with loss.correction, whatever it is) or
+    drop. Counted either way (rollout/groups_from_tripped)."""
+
+    def __post_init__(self) -> None:
+        if self.max_drift <= 0 or self.window_tokens < 1:
+            raise ValueError(f"fleet.drift_gate.max_drift must be > 0 and window_tokens >= 1, got "
+                             f"{self.max_drift}, {self.window_tokens}.")
+        if self.before_trip not in ("train", "drop"):
+            raise ValueError(f"fleet.drift_gate.before_trip must be train or drop, got {self.before_trip!r}.")
+
+
+@dataclass(kw_only=True)
 class FleetConfig:
     """The vLLM servers that generate rollouts (``apriel-serve``, one per node or GPU group)."""
 
@@ -113,6 +135,7 @@ class FleetConfig:
     stall_timeout_s: Optional[float] = 300.0
     """A server with requests in flight that produces no token for this long (its /metrics counter)
     is treated as failed and its requests go elsewhere; null: never (weight updates pause it briefly)."""
+    drift_gate: DriftGateConfig = field(default_factory=DriftGateConfig)
 
     def __post_init__(self) -> None:
         if self.num_servers < 1 and not self.servers:

@@ -47,9 +47,33 @@ def register(fleet_dir: str | Path, url: str, pid: int, host: str) -> Registrati
     reg = Registration(url=url.rstrip("/"), instance=uuid.uuid4().hex, pid=pid, host=host)
     fleet_dir = Path(fleet_dir)
     fleet_dir.mkdir(parents=True, exist_ok=True)
-    name = url.split("://", 1)[-1].replace(":", "_").replace("/", "_")
-    atomic_write(fleet_dir / f"{name}.json", reg.model_dump_json())
+    atomic_write(_registration_file(fleet_dir, reg.url), reg.model_dump_json())
     return reg
+
+
+def _registration_file(fleet_dir: Path, url: str) -> Path:
+    return fleet_dir / (url.split("://", 1)[-1].replace(":", "_").replace("/", "_") + ".json")
+
+
+RETIRE_DIR = "retire"
+"""``run_dir/fleet/retire/<instance>.txt``: a request that this server instance stop (its reason inside)."""
+
+
+def retire(fleet_dir: str | Path, reg: Registration, reason: str) -> None:
+    """Take a server out of the fleet: its registration goes (the actor and the weight sync stop
+    using it) and its ``apriel-serve`` is asked to stop, which it does within a second or two; whoever
+    started it restarts it as a crashed one (the local launcher, up to fleet.max_restarts), and it
+    registers again as a new instance."""
+    fleet_dir = Path(fleet_dir)
+    _registration_file(fleet_dir, reg.url).unlink(missing_ok=True)
+    (fleet_dir / RETIRE_DIR).mkdir(parents=True, exist_ok=True)
+    atomic_write(fleet_dir / RETIRE_DIR / f"{reg.instance}.txt", reason)
+
+
+def retire_request(fleet_dir: str | Path, instance: str) -> Optional[str]:
+    """The reason this instance was asked to stop, or None."""
+    path = Path(fleet_dir) / RETIRE_DIR / f"{instance}.txt"
+    return path.read_text() if path.exists() else None
 
 
 def registered(fleet_dir: str | Path) -> list[Registration]:

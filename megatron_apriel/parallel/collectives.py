@@ -45,6 +45,17 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def from_the_one_rank(obj):
+    """On every rank, the object that exactly one rank passes (the others pass None): for what only
+    one rank knows, wherever it sits (e.g. the logging rank, the last pipeline stage's)."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, obj)
+    given = [o for o in everyone if o is not None]
+    if len(given) != 1:
+        raise RuntimeError(f"from_the_one_rank: {len(given)} ranks passed an object, expected exactly one.")
+    return given[0]
+
+
 def barrier() -> None:
     dist.barrier()
 

@@ -34,12 +34,24 @@ from megatron_apriel.records.config import RolloutConfig
 from megatron_apriel.records.lag import group_lag
 from megatron_apriel.records.rollouts import RolloutGroup, TrainSample, balance_by_tokens
 from megatron_apriel.records.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
+from megatron_apriel.trainer.mismatch import server_key
 
 
 class RolloutSource(Protocol):
     def next_batch(self, step: int, idle: Optional[Callable[[], None]] = None) -> tuple[list[TrainSample], dict]:
         """This DP rank's samples for ``step`` and the step's rollout metrics (same on every rank);
         ``idle()`` is called on every rank together while the step waits for rollouts."""
+
+    def server_tripped(self, server: str, version: int, drop: bool) -> None:
+        """The drift gate tripped ``server`` (host:port) on the tokens of ``version``: its groups made
+        before the trip (a rollout of it from ``version`` or older) are counted from now on
+        (``rollout/groups_from_tripped``) and, with ``drop``, not trained."""
+        self.trips.append((server, version))
+        self.drop_tripped = drop
+
+    def _from_tripped(self, group: RolloutGroup) -> bool:
+        return any(server_key(r.server) == server and r.first_version <= version
+                   for server, version in self.trips for r in group.rollouts)
 
     def weights_updated(self, version: int) -> None:
         """The fleet has been sent the weights of ``version`` (called on every rank)."""
@@ -102,11 +114,14 @@ class StreamSource:
         """Rank 0: the groups of the step just planned, by seq (it has parsed them already)."""
         self.replay = replay
         self.moe_layers = moe_layers
+        self.trips: list[tuple[str, int]] = []
+        """Servers (host:port) the drift gate tripped, with the version it tripped at."""
+        self.drop_tripped = False
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"cursor": self.cursor, "version": self.version, "consumed": dict(self.consumed),
-                "read": dict(self.read)}
+                "read": dict(self.read), "trips": [list(t) for t in self.trips], "drop_tripped": self.drop_tripped}
 
     def load_state_dict(self, state: dict) -> None:
         """The state of `state_dict`; one saved before the groups read were kept (no ``read``) has
@@ -115,6 +130,8 @@ class StreamSource:
         self.reader = StreamReader(self.root, cursor=self.cursor)
         self.version = int(state["version"])
         self.consumed = Counter(state["consumed"])
+        self.trips = [(server, int(version)) for server, version in state.get("trips", [])]
+        self.drop_tripped = bool(state.get("drop_tripped", False))
         if "read" in state:
             self.read = Counter(state["read"])
         elif self.ctx.rank == 0:
@@ -125,6 +142,17 @@ class StreamSource:
         if not self.replay and self.ctx.rank == 0 and progress != self._published:
             write_progress(self.root, progress)
             self._published = progress
+
+    def server_tripped(self, server: str, version: int, drop: bool) -> None:
+        """The drift gate tripped ``server`` (host:port) on the tokens of ``version``: its groups made
+        before the trip (a rollout of it from ``version`` or older) are counted from now on
+        (``rollout/groups_from_tripped``) and, with ``drop``, not trained."""
+        self.trips.append((server, version))
+        self.drop_tripped = drop
+
+    def _from_tripped(self, group: RolloutGroup) -> bool:
+        return any(server_key(r.server) == server and r.first_version <= version
+                   for server, version in self.trips for r in group.rollouts)
 
     def weights_updated(self, version: int) -> None:
         self.version = version
@@ -142,7 +170,10 @@ class StreamSource:
                 st.skipped["filtered" if group.dropped == "zero_advantage" else group.dropped] += 1
             elif self.cfg.max_lag is not None and lag > self.cfg.max_lag:
                 st.skipped["stale"] += 1
+            elif (tripped := self._from_tripped(group)) and self.drop_tripped:
+                st.skipped["from_tripped"] += 1
             else:
+                st.skipped["from_tripped"] += tripped
                 st.lags.append(lag)
                 st.taken.append((self.reader.segment_first, group))
         if len(st.taken) < self.cfg.groups_per_step:
@@ -190,7 +221,7 @@ class StreamSource:
         """Rollout metrics over every group read this step (what the policy did, filtered groups
         included), and the lag and mix of the groups trained."""
         m: dict[str, float] = {f"rollout/groups_{k}": float(skipped[k])
-                               for k in ("filtered", "verifier_error", "stale")}
+                               for k in ("filtered", "verifier_error", "stale", "from_tripped")}
         m["rollout/groups_read"] = float(len(read))
         by_domain: dict[str, list] = defaultdict(list)
         for g in read:

@@ -33,6 +33,7 @@ from megatron_apriel.trainer.checkpoint import (
     step_dir,
 )
 from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
+from megatron_apriel.trainer.drift_gate import DriftGateError, FleetGate
 from megatron_apriel.trainer.step import NonFiniteError, train_step
 from megatron_apriel.trainer.stream_source import RolloutSource
 
@@ -54,16 +55,19 @@ class ModelParts:
 class Trainer:
     def __init__(self, *, trainer: TrainerConfig, loss: LossConfig, checkpoint: CheckpointConfig,
                  checkpoints: Path, init_hf: Optional[str], ctx: ParallelContext, parts: ModelParts,
-                 source: RolloutSource, logger: MetricLogger, sender=None, stop: Optional[StopFlag] = None):
+                 source: RolloutSource, logger: MetricLogger, sender=None, stop: Optional[StopFlag] = None,
+                 gate: Optional[FleetGate] = None):
         """``checkpoints``: the run's checkpoint directory. ``init_hf``: the Hugging Face model the
         weights start from when there is no checkpoint to resume and no ``checkpoint.load`` (the one
         the fleet serves). ``sender``: a `WeightSender` for the vLLM fleet, or None (the local source
         needs none). ``stop``: the rank's stop requests (signals, stop file); None installs the
-        signal handlers here."""
+        signal handlers here. ``gate``: the drift gate (``fleet.drift_gate``), or None."""
         self.t, self.loss_cfg, self.ckpt, self.init_hf, self.ctx = trainer, loss, checkpoint, init_hf, ctx
         self.arch, self.chunks, self.routing = parts.arch, parts.chunks, parts.routing
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
-        self.source, self.logger, self.sender = source, logger, sender
+        self.source, self.logger, self.sender, self.gate = source, logger, sender, gate
+        self.gate_stop: Optional[str] = None
+        """Why the drift gate stops the run (every server tripped), once it does."""
         self.ckpt_root = Path(checkpoints)
         self.step = 0
         self.stop = stop if stop is not None else StopFlag()
@@ -184,12 +188,16 @@ class Trainer:
                     raise StopRequested
                 metrics, stop = self._step()
                 history.append(metrics)
+                if stop and self.gate_stop is not None:
+                    break
                 if stop:
                     log.warning("stop request (%s): saved step %d and stopping", self.stop.reason(), self.step)
                     break
         except StopRequested:
             self._stop_between_steps()
         self.logger.close()
+        if self.gate_stop is not None:
+            raise DriftGateError(self.gate_stop)
         return history
 
     def _step(self) -> tuple[dict[str, float], bool]:
@@ -198,10 +206,13 @@ class Trainer:
         samples, metrics = self.source.next_batch(self.step, idle=self._idle)
         t1 = time.perf_counter()
         metrics.update(self.train_once(samples))
+        if self.gate is not None:  # before the weights go out: a tripped server gets none
+            gate_metrics, self.gate_stop = self.gate.after_step(metrics, self.step, self.source)
+            metrics.update(gate_metrics)
         t2 = time.perf_counter()
         self._step_s = max(self._step_s, t2 - t1)
         self.step += 1
-        stop = self.stopping()
+        stop = self.stopping() or self.gate_stop is not None
         if not stop:
             try:
                 metrics.update(self.sync_weights())

@@ -1,0 +1,128 @@
+"""The drift gate (``fleet.drift_gate``): a server whose fresh-token drift is too large is taken
+out of the fleet and restarted, as a crashed one is (docs/mismatch.md "The drift gate").
+
+Each step the trainer measures every server's drift on the tokens it sampled with the weights being
+trained (``mismatch/server/<host:port>/fresh_abs_log_rho``, pure train/inference mismatch: no policy
+change in between). `DriftGate` adds a server's figures up until ``window_tokens`` fresh tokens, then
+judges their mean against ``max_drift``: a server above it trips, one below it passes. A tripped
+server counts as tripped until a later window of it passes; when every server seen has tripped, the
+run stops. What happens to a trip (the log line, the server's retirement, its earlier groups) is the
+trainer's; this class only judges.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from megatron_apriel.fleet.config import DriftGateConfig
+from megatron_apriel.fleet.registry import registered, retire
+from megatron_apriel.parallel.collectives import from_the_one_rank
+from megatron_apriel.trainer.mismatch import server_key
+
+log = logging.getLogger("megatron_apriel")
+
+_PREFIX, _DRIFT, _TOKENS = "mismatch/server/", "/fresh_abs_log_rho", "/fresh_tokens"
+
+
+@dataclass(frozen=True)
+class Trip:
+    server: str
+    """``host:port``, as in the metric keys."""
+    version: int
+    """The weight version its fresh tokens were sampled with (the step that measured them)."""
+    drift: float
+    """Mean |log pi_train - log pi_vllm| over the window, nats per token."""
+    tokens: int
+
+    def describe(self, cfg: DriftGateConfig) -> str:
+        return (f"server {self.server} (weights version {self.version}) drifted {self.drift:.4g} nats/token over "
+                f"{self.tokens} fresh tokens > fleet.drift_gate.max_drift={cfg.max_drift}")
+
+
+def per_server(metrics: dict) -> dict[str, tuple[float, float]]:
+    """``{host:port: (mean drift, fresh tokens)}`` from a step's metrics."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith(_PREFIX) and key.endswith(_DRIFT):
+            server = key[len(_PREFIX):-len(_DRIFT)]
+            out[server] = (float(value), float(metrics[_PREFIX + server + _TOKENS]))
+    return out
+
+
+class DriftGate:
+    def __init__(self, cfg: DriftGateConfig):
+        self.cfg = cfg
+        self.window: dict[str, list[float]] = {}
+        """Per server: the drift summed over the window so far, and its tokens."""
+        self.seen: set[str] = set()
+        self.tripped: set[str] = set()
+
+    def observe(self, metrics: dict, version: int) -> list[Trip]:
+        """Add one step's per-server figures; the servers that trip now."""
+        trips = []
+        for server, (drift, tokens) in sorted(per_server(metrics).items()):
+            self.seen.add(server)
+            window = self.window.setdefault(server, [0.0, 0.0])
+            window[0] += drift * tokens
+            window[1] += tokens
+            if window[1] < self.cfg.window_tokens:
+                continue
+            mean = window[0] / window[1]
+            del self.window[server]
+            if mean > self.cfg.max_drift:
+                trips.append(Trip(server, version, mean, int(window[1])))
+                self.tripped.add(server)
+            else:
+                self.tripped.discard(server)
+        return trips
+
+    @property
+    def every_server_tripped(self) -> bool:
+        return bool(self.seen) and self.seen <= self.tripped
+
+
+class DriftGateError(RuntimeError):
+    """Every server of the fleet tripped the drift gate: the run stops (its last step is saved)."""
+
+
+class FleetGate:
+    """The trainer's side of the gate (every rank calls `after_step` together): the logging rank,
+    which holds the per-server figures, judges them, names each trip in the log and retires the
+    server (``fleet.registry.retire``); every rank learns the trips, so that the stream source
+    counts, or drops, the groups the server made before it (``fleet.drift_gate.before_trip``)."""
+
+    def __init__(self, cfg: DriftGateConfig, fleet_dir: str | Path, is_logging_rank: bool):
+        self.cfg, self.fleet_dir, self.judges = cfg, Path(fleet_dir), is_logging_rank
+        self.gate = DriftGate(cfg)
+
+    def after_step(self, metrics: dict, version: int, source) -> tuple[dict, Optional[str]]:
+        """The gate's metrics for the step, and the reason to stop the run (None: go on)."""
+        verdict = None
+        if self.judges:
+            trips = self.gate.observe(metrics, version)
+            stop = self._stop_reason(trips) if self.gate.every_server_tripped else None
+            for trip in trips:
+                self._act(trip, retire_it=stop is None)
+            verdict = (trips, stop)
+        trips, stop = from_the_one_rank(verdict)
+        for trip in trips:
+            source.server_tripped(trip.server, trip.version, drop=self.cfg.before_trip == "drop")
+        return {"gate/trips": float(len(trips)), "gate/tripped_servers": float(len(self.gate.tripped))}, stop
+
+    def _act(self, trip: Trip, retire_it: bool) -> None:
+        regs = [r for r in registered(self.fleet_dir) if server_key(r.url) == trip.server]
+        if not retire_it or not regs:
+            log.warning("drift gate: %s%s", trip.describe(self.cfg), "" if retire_it else " (the run stops)")
+            return
+        log.warning("drift gate: %s; taking it out of the fleet and restarting it", trip.describe(self.cfg))
+        retire(self.fleet_dir, regs[0], f"drift gate: {trip.describe(self.cfg)}")
+
+    def _stop_reason(self, trips: list[Trip]) -> str:
+        named = "; ".join(t.describe(self.cfg) for t in trips)
+        return (f"drift gate: every server of the fleet ({sorted(self.gate.seen)}) tripped since it last passed "
+                f"({named}). The engines disagree with the trainer beyond fleet.drift_gate.max_drift: check the "
+                "servers' precision (--dtype and FP8 in fleet.vllm_args) and the weight updates (sync/accepted), "
+                "or raise max_drift; the last step is saved, so the same command resumes.")

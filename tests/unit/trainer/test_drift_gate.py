@@ -1,0 +1,138 @@
+"""The drift gate's parts, each real: the judgement over windows, the retirement of a server through
+the run directory (a real apriel-serve watcher stopping a real process), the stream source counting or
+dropping the tripped server's earlier groups, and the fleet client taking the server out."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from megatron_apriel.entrypoints.serve import _register_when_healthy
+from megatron_apriel.fleet.client import FleetClient
+from megatron_apriel.fleet.config import DriftGateConfig
+from megatron_apriel.fleet.registry import register, registered, retire, retire_request
+from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.stream import StreamWriter
+from megatron_apriel.trainer.drift_gate import DriftGate, per_server
+from megatron_apriel.trainer.stream_source import StreamSource
+from tests.unit.records.test_stream import group, snap
+from tests.unit.trainer.test_stream_source import ctx  # noqa: F401  (the fixture)
+
+CFG = DriftGateConfig(enabled=True, max_drift=0.05, window_tokens=500)
+
+
+def figures(**servers) -> dict:
+    """A step's per-server metrics: name=(mean drift, fresh tokens); names a_1 -> host a:1."""
+    out = {}
+    for name, (drift, tokens) in servers.items():
+        key = name.replace("_", ":")
+        out[f"mismatch/server/{key}/fresh_abs_log_rho"] = drift
+        out[f"mismatch/server/{key}/fresh_tokens"] = tokens
+    return out
+
+
+def test_the_figures_are_read_back_per_server():
+    assert per_server(figures(a_1=(0.2, 10), b_2=(0.0, 3)) | {"train/loss": 1.0}) == {"a:1": (0.2, 10),
+                                                                                          "b:2": (0.0, 3)}
+
+
+def test_a_window_is_judged_once_full_on_the_token_weighted_mean():
+    gate = DriftGate(CFG)
+    assert gate.observe(figures(a_1=(0.2, 300)), version=3) == []  # 300 < 500 tokens: not judged yet
+    # (0.2 x 300 + 0.001 x 300) / 600 = 0.1005 > 0.05: trips, named with the step's version
+    (trip,) = gate.observe(figures(a_1=(0.001, 300)), version=4)
+    assert (trip.server, trip.version, trip.tokens) == ("a:1", 4, 600) and trip.drift == pytest.approx(0.1005)
+    assert gate.observe(figures(a_1=(0.2, 499)), version=5) == []  # a new window began after the judgement
+
+
+def test_a_server_exactly_at_the_threshold_passes_and_a_pass_clears_a_trip():
+    gate = DriftGate(CFG)
+    assert gate.observe(figures(a_1=(0.05, 500)), version=0) == []
+    assert len(gate.observe(figures(a_1=(0.06, 500)), version=1)) == 1 and gate.tripped == {"a:1"}
+    gate.observe(figures(a_1=(0.01, 500)), version=2)  # its restarted instance passes
+    assert gate.tripped == set()
+
+
+def test_the_run_stops_only_once_every_server_seen_has_tripped():
+    gate = DriftGate(CFG)
+    gate.observe(figures(a_1=(0.3, 500), b_2=(0.001, 500)), version=0)
+    assert gate.tripped == {"a:1"} and not gate.every_server_tripped
+    gate.observe(figures(b_2=(0.3, 500)), version=1)
+    assert gate.every_server_tripped
+
+
+def test_bad_gate_settings_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match="max_drift"):
+        DriftGateConfig(max_drift=0)
+    with pytest.raises(ValueError, match="before_trip"):
+        DriftGateConfig(before_trip="keep")
+
+
+def test_a_retired_server_leaves_the_registry_and_its_watcher_stops_it(tmp_path):
+    """A real apriel-serve registration watcher (the double-forked helper) over a stand-in server: a
+    static HTTP server that answers /health, and a sleeping process in the server's place."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health").write_text("ok")
+    port = free_port()
+    health = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(www)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(["sleep", "300"])
+    fleet = tmp_path / "fleet"
+    try:
+        _register_when_healthy(str(fleet), f"http://127.0.0.1:{port}", server.pid, poll_s=0.05)
+        deadline = time.monotonic() + 60
+        while not registered(fleet):
+            assert time.monotonic() < deadline, "the watcher never registered the server"
+            time.sleep(0.05)
+        (reg,) = registered(fleet)
+        assert server.poll() is None and retire_request(fleet, reg.instance) is None
+        retire(fleet, reg, "drift gate: test")
+        assert registered(fleet) == [] and retire_request(fleet, reg.instance) == "drift gate: test"
+        assert server.wait(timeout=60) == -15  # SIGTERM from the watcher
+    finally:
+        for p in (health, server):
+            p.kill()
+            p.wait()
+
+
+def tripped_stream(root):
+    """Four groups: from server a at versions 1 and 2, from b at 2, from a at 3 (its restarted instance)."""
+    writer = StreamWriter(root)
+    for version, server in [(1, "http://a:1"), (2, "http://a:1"), (2, "http://b:2"), (3, "http://a:1")]:
+        g = group(writer.next_seq, version=version)
+        g = g.model_copy(update={"rollouts": [r.model_copy(update={"server": server}) for r in g.rollouts]})
+        writer.append([g], snap(writer.next_seq + 1))
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_the_tripped_servers_earlier_groups_are_counted_and_dropped_if_asked(tmp_path, ctx, drop):  # noqa: F811
+    tripped_stream(tmp_path)
+    cfg = RolloutConfig(group_size=2, groups_per_step=4 if not drop else 2, max_lag=None)
+    source = StreamSource(tmp_path, cfg, ctx, {"math": 1.0})
+    source.server_tripped("a:1", version=2, drop=drop)  # tripped on its version-2 tokens
+    samples, m = source.next_batch(3)
+    assert m["rollout/groups_from_tripped"] == 2  # a's groups at versions 1 and 2; not its version-3 one
+    trained = sorted((s.server, int(s.lags[0])) for s in samples)  # (server, lag at step 3), per rollout
+    kept = [("http://a:1", 0)] * 2 + [("http://b:2", 1)] * 2  # a's restarted instance and b
+    assert trained == (kept if drop else sorted(kept + [("http://a:1", 2)] * 2 + [("http://a:1", 1)] * 2))
+    again = StreamSource(tmp_path, cfg, ctx, {"math": 1.0})
+    again.load_state_dict(source.state_dict())
+    assert again.trips == [("a:1", 2)] and again.drop_tripped == drop
+
+
+def test_the_fleet_client_sends_nothing_more_to_a_removed_server():
+    client = FleetClient(["http://a:1", "http://b:2"])
+    client.remove_server("http://a:1/")
+    assert [s.url for s in client.servers] == ["http://b:2"]
+    client.remove_server("http://c:3")  # not in the fleet: nothing changes
+    assert [s.url for s in client.servers] == ["http://b:2"]
+
+
+def test_register_writes_what_retire_removes(tmp_path):
+    reg = register(tmp_path, "http://h:5", pid=1, host="h")
+    other = register(tmp_path, "http://h:6", pid=2, host="h")
+    retire(tmp_path, reg, "why")
+    assert registered(tmp_path) == [other] and retire_request(tmp_path, other.instance) is None
