@@ -42,17 +42,6 @@ class RolloutSource(Protocol):
         """This DP rank's samples for ``step`` and the step's rollout metrics (same on every rank);
         ``idle()`` is called on every rank together while the step waits for rollouts."""
 
-    def server_tripped(self, server: str, version: int, drop: bool) -> None:
-        """The drift gate tripped ``server`` (host:port) on the tokens of ``version``: its groups made
-        before the trip (a rollout of it from ``version`` or older) are counted from now on
-        (``rollout/groups_from_tripped``) and, with ``drop``, not trained."""
-        self.trips.append((server, version))
-        self.drop_tripped = drop
-
-    def _from_tripped(self, group: RolloutGroup) -> bool:
-        return any(server_key(r.server) == server and r.first_version <= version
-                   for server, version in self.trips for r in group.rollouts)
-
     def weights_updated(self, version: int) -> None:
         """The fleet has been sent the weights of ``version`` (called on every rank)."""
 
