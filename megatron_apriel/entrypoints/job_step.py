@@ -95,7 +95,7 @@ def serve(run) -> None:
     child_env = dict(env)
     if gpus:
         child_env["CUDA_VISIBLE_DEVICES"] = gpu_slice(local, per_node, gpus, env.get("CUDA_VISIBLE_DEVICES"))
-    cmd = serve_command(run.model.hf_path, port, "0.0.0.0", server_flags(run),
+    cmd = serve_command(run.model.hf_path, port, "0.0.0.0", server_flags(run, int(env["SLURM_PROCID"])),
                         register_dir=run.paths.fleet) + ["--advertise-host", addr]
     print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
           + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)

@@ -123,6 +123,10 @@ class FleetConfig:
     vllm_args: list[str] = field(default_factory=list)
     """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]
     (read through ``ServerArgs``)."""
+    per_server_vllm_args: list[list[str]] = field(default_factory=list)
+    """Flags for single servers that the run starts, after ``vllm_args``: entry i goes to server i, []
+    leaves one as it is. A mixed fleet, e.g. one server in FP8 beside bf16 ones, whose drift the
+    trainer then reports per server (docs/mismatch.md)."""
     startup_timeout_s: float = 900.0
     """How long a server may take to answer /health (vLLM loads and compiles the model first)."""
     max_restarts: int = 3
@@ -148,6 +152,20 @@ class FleetConfig:
             raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
         if self.max_restarts < 0:
             raise ValueError("fleet.max_restarts must be >= 0.")
+        self._check_per_server_args()
+
+    def _check_per_server_args(self) -> None:
+        if not self.per_server_vllm_args:
+            return
+        if self.servers or len(self.per_server_vllm_args) > self.num_servers:
+            raise ValueError(f"fleet.per_server_vllm_args has {len(self.per_server_vllm_args)} entries for the "
+                             f"{0 if self.servers else self.num_servers} server(s) the run starts (fleet.num_servers; "
+                             "none with fleet.servers): give at most one per server.")
+        for i, argv in enumerate(self.per_server_vllm_args):
+            args = ServerArgs(tuple(argv))
+            if any(args.given(f) for f in ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp")):
+                raise ValueError(f"fleet.per_server_vllm_args[{i}] sets a parallel size: every server gets as many "
+                                 "GPUs as fleet.vllm_args says; set it there.")
 
     @property
     def server_args(self) -> ServerArgs:

@@ -55,10 +55,11 @@ def serves_moe(run: RunConfig) -> bool:
     return bool(run.model.hf_path) and run.model.resolve_arch().is_moe
 
 
-def server_flags(run: RunConfig) -> list[str]:
+def server_flags(run: RunConfig, index: Optional[int] = None) -> list[str]:
     """``fleet.vllm_args`` plus what follows from the run: the context length, the seed and, for a
     mixture of experts, the experts each token was routed to (apriel-serve's flag: replayed by the
-    trainer with ``rollout.routing_replay``, and compared with its own routing either way)."""
+    trainer with ``rollout.routing_replay``, and compared with its own routing either way); for
+    server ``index``, its ``fleet.per_server_vllm_args`` last."""
     args = run.fleet.server_args
     need = run.actor.max_prompt_tokens + run.rewards.max_len
     if args.max_model_len is not None and args.max_model_len < need:
@@ -67,7 +68,8 @@ def server_flags(run: RunConfig) -> list[str]:
     args = args.with_default("--max-model-len", str(need)).with_default("--seed", str(run.seed))
     if serves_moe(run):
         args = args.with_default("--return-routed-experts")
-    return list(args.argv)
+    own = run.fleet.per_server_vllm_args
+    return list(args.argv) + (list(own[index]) if index is not None and index < len(own) else [])
 
 
 def device_split(run: RunConfig) -> Optional[DeviceSplit]:
@@ -94,7 +96,7 @@ def components(run: RunConfig) -> list[Component]:
         base = run.fleet.port or None
         for i in range(run.fleet.num_servers):
             port = base + i if base else free_port()
-            cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run),
+            cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run, i),
                                 register_dir=paths.fleet)
             gpus = split.servers[i] if split else None
             out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), _on(env, gpus),

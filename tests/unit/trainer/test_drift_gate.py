@@ -2,15 +2,17 @@
 the run directory (a real apriel-serve watcher stopping a real process), the stream source counting or
 dropping the tripped server's earlier groups, and the fleet client taking the server out."""
 
+import asyncio
 import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from megatron_apriel.entrypoints.serve import _register_when_healthy
 from megatron_apriel.fleet.client import FleetClient
-from megatron_apriel.fleet.config import DriftGateConfig
+from megatron_apriel.fleet.config import DriftGateConfig, SamplingConfig
 from megatron_apriel.fleet.registry import register, registered, retire, retire_request
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.records.config import RolloutConfig
@@ -123,12 +125,41 @@ def test_the_tripped_servers_earlier_groups_are_counted_and_dropped_if_asked(tmp
     assert again.trips == [("a:1", 2)] and again.drop_tripped == drop
 
 
-def test_the_fleet_client_sends_nothing_more_to_a_removed_server():
-    client = FleetClient(["http://a:1", "http://b:2"])
-    client.remove_server("http://a:1/")
-    assert [s.url for s in client.servers] == ["http://b:2"]
-    client.remove_server("http://c:3")  # not in the fleet: nothing changes
-    assert [s.url for s in client.servers] == ["http://b:2"]
+def test_a_server_removed_while_requests_wait_on_its_version_question_sends_them_elsewhere():
+    """Requests wait for a server that serves the required version while server a's /weight_info is
+    slow; a is removed meanwhile (retired by the gate): the waiting requests complete on b, none fails,
+    and no request goes to a afterwards."""
+    asked_a, a_removed, served = asyncio.Event(), asyncio.Event(), []
+
+    async def handler(request):
+        if request.url.path == "/weight_info":
+            if request.url.host == "a":
+                asked_a.set()
+                await a_removed.wait()  # answers only once it is out of the fleet
+                return httpx.Response(200, json={"weight_version": "1"})
+            await asked_a.wait()  # b answers after a was asked: the requests are waiting on a's answer
+            await a_removed.wait()
+            return httpx.Response(200, json={"weight_version": "1"})
+        served.append(request.url.host)
+        return httpx.Response(200, json={"choices": [{"index": 0, "finish_reason": "length", "token_ids": [1],
+                                                      "weight_versions": [{"version": "1", "start": 0, "end": 1}],
+                                                      "logprobs": {"content": [{"token_id": 1, "logprob": -0.5}]}}]})
+
+    async def go():
+        client = FleetClient(["http://a", "http://b"], cooldown_s=0.01, transport=httpx.MockTransport(handler))
+        client.required_version = 1
+        try:
+            waiting = asyncio.gather(*(client.generate([1], SamplingConfig()) for _ in range(8)))
+            await asked_a.wait()
+            client.remove_server("http://a/")
+            client.remove_server("http://c")  # not in the fleet: nothing changes
+            a_removed.set()
+            return await waiting, [s.url for s in client.servers]
+        finally:
+            await client.aclose()
+
+    done, left = asyncio.run(go())
+    assert len(done) == 8 and left == ["http://b"] and set(served) == {"b"}
 
 
 def test_register_writes_what_retire_removes(tmp_path):
