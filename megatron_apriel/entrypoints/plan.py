@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, required=True)
     p.add_argument("--gpu-memory-gb", type=float, required=True, help="memory of one GPU in GiB (H100: 80)")
     p.add_argument("--trainer-nodes", type=int, help="nodes for the trainer (default: half); the rest serve vLLM")
+    p.add_argument("--trainer-gpus", type=int,
+                   help="with --nodes 1: GPUs for the trainer (default: half, else the split closest to half "
+                        "where both fit); the rest of the node serves vLLM")
     p.add_argument("--headroom-gb", type=float, default=6.0,
                    help="per GPU, kept free for the CUDA context, NCCL buffers and fragmentation")
     p.add_argument("--bandwidth-gbps", type=float, default=100.0,
@@ -86,6 +89,47 @@ def load_run(preset: str, model_dir: Path, overrides: list[str]):
     return to_run_config(cfg)
 
 
+def _size(arch, settings, run, args, usable, trainer_gpus: int, trainer_gpus_per_node: int, fleet_gpus: int):
+    """(the trainer's layouts, the recommended one or None, the fleet's plan) for this split."""
+    layouts = plan_layouts(arch, trainer_gpus, trainer_gpus_per_node, settings, usable)
+    fleet = plan_fleet(arch, gpus=fleet_gpus, gpus_per_node=min(args.gpus_per_node, fleet_gpus),
+                       gpu_memory_gib=args.gpu_memory_gb,
+                       memory_utilization=run.fleet.server_args.gpu_memory_utilization,
+                       seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
+    return layouts, recommend(layouts), fleet
+
+
+def _one_node(arch, settings, run, args, usable):
+    """One node shared by the trainer and the fleet (``launch.gpus_per_node``): ``--trainer-gpus``, or
+    the split closest to half (more trainer GPUs first) where a trainer layout fits and the rest holds
+    a vLLM server. (trainer GPUs, `_size`'s result)."""
+    gpus = args.gpus_per_node
+    if args.trainer_gpus is not None:
+        if not 1 <= args.trainer_gpus < gpus:
+            raise ValueError(f"--trainer-gpus={args.trainer_gpus} must leave the fleet at least one of the node's "
+                             f"{gpus} GPUs (--gpus-per-node) and keep one for the trainer.")
+        return args.trainer_gpus, _size(arch, settings, run, args, usable, args.trainer_gpus, args.trainer_gpus,
+                                        gpus - args.trainer_gpus)
+    half = max(1, gpus // 2)
+    trainer_fits, fleet_fits = [], []
+    for trainer in [half, *range(half + 1, gpus), *range(half - 1, 0, -1)]:
+        try:
+            sized = _size(arch, settings, run, args, usable, trainer, trainer, gpus - trainer)
+        except ValueError:  # no vLLM server fits in what is left
+            sized = None
+        else:
+            fleet_fits.append(gpus - trainer)
+        if sized is not None and sized[1] is not None:
+            return trainer, sized
+        if recommend(plan_layouts(arch, trainer, trainer, settings, usable)) is not None:
+            trainer_fits.append(trainer)
+    raise ValueError(
+        f"the model does not fit one node of {gpus} x {args.gpu_memory_gb:g} GiB: the trainer needs "
+        f"{min(trainer_fits) if trainer_fits else f'more than {gpus - 1}'} GPUs and a vLLM server "
+        f"{min(fleet_fits) if fleet_fits else f'more than {gpus - 1}'}, together more than {gpus}. Use two or more "
+        "nodes (--nodes 2), larger GPUs, or a lower trainer.seq_len.")
+
+
 def make_plan(args) -> dict:
     for name in ("nodes", "gpus_per_node"):
         if getattr(args, name) < 1:
@@ -99,10 +143,6 @@ def make_plan(args) -> dict:
     arch = ModelArch.from_hf_dir(model_dir)
     run = load_run(preset, model_dir, args.override)
     arch.check_sequence_length(run.trainer.seq_len)
-    trainer_nodes = args.trainer_nodes or max(1, args.nodes // 2)
-    if not 1 <= trainer_nodes < args.nodes:
-        raise ValueError(f"--trainer-nodes={trainer_nodes} leaves no node for vLLM out of --nodes={args.nodes}; "
-                         "give more nodes or fewer trainer nodes.")
     if not run.optim.distributed_optimizer:
         raise ValueError("the planner sizes Megatron's distributed optimizer; set optim.distributed_optimizer=true.")
     settings = TrainerSettings(seq_len=run.trainer.seq_len, param_bytes=4 if run.model.precision == "fp32" else 2,
@@ -110,13 +150,17 @@ def make_plan(args) -> dict:
                                vocab_divisible_by=run.model.make_vocab_size_divisible_by,
                                logprob_chunk_tokens=run.trainer.logprob_chunk_tokens)
     usable = args.gpu_memory_gb - args.headroom_gb
-    trainer_gpus = trainer_nodes * args.gpus_per_node
-    layouts = plan_layouts(arch, trainer_gpus, args.gpus_per_node, settings, usable)
-    best = recommend(layouts)
-    fleet = plan_fleet(arch, gpus=(args.nodes - trainer_nodes) * args.gpus_per_node, gpus_per_node=args.gpus_per_node,
-                       gpu_memory_gib=args.gpu_memory_gb,
-                       memory_utilization=run.fleet.server_args.gpu_memory_utilization,
-                       seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
+    if args.nodes == 1:
+        trainer_gpus, (layouts, best, fleet) = _one_node(arch, settings, run, args, usable)
+        trainer_nodes = fleet_nodes = 1
+    else:
+        trainer_nodes = args.trainer_nodes or max(1, args.nodes // 2)
+        if not 1 <= trainer_nodes < args.nodes:
+            raise ValueError(f"--trainer-nodes={trainer_nodes} leaves no node for vLLM out of --nodes={args.nodes}; "
+                             "give more nodes or fewer trainer nodes (or --nodes 1 to share one node).")
+        trainer_gpus, fleet_nodes = trainer_nodes * args.gpus_per_node, args.nodes - trainer_nodes
+        layouts, best, fleet = _size(arch, settings, run, args, usable, trainer_gpus, args.gpus_per_node,
+                                     fleet_nodes * args.gpus_per_node)
     pp, ep = (best[0].pp, best[0].ep) if best else (1, 1)
     update = stage_update_bytes(arch, pp, ep)
     seconds = [b * 8 / (args.bandwidth_gbps * 1e9) for b in update]
@@ -126,7 +170,10 @@ def make_plan(args) -> dict:
                   "experts": arch.num_experts, "top_k": arch.moe_top_k,
                   "bf16_weights_gib": weights_bytes(arch) / 2**30, "layers": arch.num_layers},
         "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gib": args.gpu_memory_gb,
-                    "usable_gib": usable, "trainer_nodes": trainer_nodes, "fleet_nodes": args.nodes - trainer_nodes},
+                    "usable_gib": usable, "trainer_nodes": trainer_nodes, "fleet_nodes": fleet_nodes,
+                    "trainer_gpus": trainer_gpus,
+                    "fleet_gpus": args.nodes * args.gpus_per_node - trainer_gpus if args.nodes == 1
+                    else fleet_nodes * args.gpus_per_node},
         "run": {"preset": preset, "seq_len": run.trainer.seq_len,
                 "param_bytes": settings.param_bytes, "sequence_parallel": settings.sequence_parallel,
                 "group_size": run.rollout.group_size,
@@ -139,7 +186,24 @@ def make_plan(args) -> dict:
         "weight_update": {"pp": pp, "ep": ep, "bytes_per_stage": update, "seconds_per_stage": seconds,
                           "bandwidth_gbps": args.bandwidth_gbps},
         "estimates": ["activations", "logits"] + (["moe dispatcher buffers (not counted)"] if arch.is_moe else []),
+        "one_node_launch": one_node_overrides(run, args.gpus_per_node, trainer_gpus, fleet, best, arch.is_moe)
+        if args.nodes == 1 and best else None,
     }
+
+
+def one_node_overrides(run, gpus: int, trainer_gpus: int, fleet, best, moe: bool) -> list[str]:
+    """``apriel-train`` overrides that run the plan's split on one node (``launch.gpus_per_node``): the
+    preset's own vLLM flags with the planned --tensor-parallel-size, and the recommended layout."""
+    from megatron_apriel.fleet.config import ServerArgs
+
+    flags = ServerArgs(tuple(run.fleet.vllm_args)).without("--tensor-parallel-size", "-tp").argv
+    flags += ("--tensor-parallel-size", str(fleet.tp_per_server))
+    layout, recompute = best
+    out = ["launch.nnodes=1", f"launch.gpus_per_node={gpus}", f"launch.nproc_per_node={trainer_gpus}",
+           f"fleet.num_servers={fleet.servers}", "fleet.vllm_args=[" + ",".join(f'"{a}"' for a in flags) + "]",
+           f"parallel.tp={layout.tp}", f"parallel.pp={layout.pp}", f"parallel.cp={layout.cp}",
+           f"model.recompute={'null' if recompute == 'none' else recompute}"]
+    return out + ([f"parallel.ep={layout.ep}"] if moe else [])
 
 
 def main(argv: list[str] | None = None) -> int:

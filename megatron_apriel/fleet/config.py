@@ -45,6 +45,18 @@ class ServerArgs:
                     return a.split("=", 1)[1]
         return None
 
+    def without(self, *flags: str) -> ServerArgs:
+        """These flags less ``flags`` (each spelling, with its value)."""
+        out, skip = [], False
+        for a in self.argv:
+            if skip:
+                skip = False
+            elif a in flags:
+                skip = True
+            elif not any(a.startswith(f + "=") for f in flags):
+                out.append(a)
+        return ServerArgs(tuple(out))
+
     def given(self, flag: str) -> bool:
         return any(a == flag or a.startswith(flag + "=") for a in self.argv)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 GB_FMT = "{:6.1f}"
 
 
@@ -14,6 +16,16 @@ def _row(lay: dict) -> str:
     return "  ".join(cells) + "  " + (",".join(lay["fits"]) or "-")
 
 
+def _cluster(c: dict) -> str:
+    if c["nodes"] == 1:
+        split = f"one node shared: trainer {c['trainer_gpus']} GPUs, vLLM fleet {c['fleet_gpus']} GPUs"
+    else:
+        split = f"trainer {c['trainer_nodes']} nodes, vLLM fleet {c['fleet_nodes']} nodes"
+    nodes = f"{c['nodes']} node{'s' if c['nodes'] > 1 else ''}"
+    return (f"cluster: {nodes} x {c['gpus_per_node']} GPUs x {c['gpu_memory_gib']:g} GiB; {split}; "
+            f"usable per GPU {c['usable_gib']:g} GiB")
+
+
 def render_text(plan: dict) -> str:
     m, c, r = plan["model"], plan["cluster"], plan["run"]
     experts = (f", {m['experts']} experts top-{m['top_k']}: {m['active_parameters'] / 1e9:.2f}B active per token"
@@ -21,8 +33,7 @@ def render_text(plan: dict) -> str:
     lines = [
         f"model: {m['dir']} ({m['family']}, {m['parameters'] / 1e9:.2f}B parameters{experts}, {m['layers']} layers, "
         f"{m['bf16_weights_gib']:.1f} GiB in bf16)",
-        f"cluster: {c['nodes']} nodes x {c['gpus_per_node']} GPUs x {c['gpu_memory_gib']:g} GiB; trainer "
-        f"{c['trainer_nodes']} nodes, vLLM fleet {c['fleet_nodes']} nodes; usable per GPU {c['usable_gib']:g} GiB",
+        _cluster(c),
         f"run: preset {r['preset']}, trainer.seq_len {r['seq_len']} tokens per micro-batch, "
         f"{'bf16' if r['param_bytes'] == 2 else 'fp32'} weights, fp32 grads, distributed optimizer, "
         f"sequence parallel {'on' if r['sequence_parallel'] else 'off'} (tp > 1)",
@@ -54,4 +65,7 @@ def render_text(plan: dict) -> str:
         + ", ".join(f"stage {i}: {b / 2**30:.1f} GiB {s:.1f} s" for i, (b, s) in
                     enumerate(zip(u["bytes_per_stage"], u["seconds_per_stage"]))),
     ]
+    if plan.get("one_node_launch"):  # the local launch's keys for the split (docs/configuration.md)
+        lines.append("one-node launch: apriel-train --config-name PRESET ... "
+                     + " ".join(shlex.quote(o) for o in plan["one_node_launch"]))
     return "\n".join(lines)

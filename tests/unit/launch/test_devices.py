@@ -75,3 +75,26 @@ def test_the_dry_run_prints_each_processs_gpus(tmp_path, monkeypatch):
                            "launch.gpus_per_node=4", "fleet.num_servers=2", "launch.nproc_per_node=4", cwd=tmp_path)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "launch.gpus_per_node=4 cannot hold fleet.num_servers=2" in refused.stderr
+
+
+def test_the_planners_one_node_command_passes_the_dry_run(tmp_path, monkeypatch, capsys):
+    """apriel-plan's one-node keys for Apriel-15B on 8 GPUs, on the recipe's preset, as it prints them:
+    the dry run takes them and gives the four servers one GPU each and the trainer the other four."""
+    import shlex
+
+    from megatron_apriel.entrypoints.plan import main as plan
+    from tests.unit.launch.test_launch import FIVE_DOMAINS, apriel_model, data_list
+
+    assert plan(["--preset", "apriel_15b", "--nodes", "1", "--gpus-per-node", "8", "--gpu-memory-gb", "80"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("one-node launch:")]
+    keys = shlex.split(line.split("...", 1)[1])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={apriel_model(tmp_path)}",
+                        data_list(FIVE_DOMAINS), f"run_dir={tmp_path / 'run'}", "launch.dry_run=true", *keys,
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert [line.split()[1] for line in lines if line.split()[0].startswith("server_")] == \
+        [f"CUDA_VISIBLE_DEVICES={i}" for i in range(4)]
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 " in next(line for line in lines if line.split()[0] == "trainer")
+    assert "the launch would refuse" not in proc.stdout

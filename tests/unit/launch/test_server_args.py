@@ -87,3 +87,8 @@ def test_per_server_flags_that_cannot_apply_are_refused(overrides, match):
 
     with pytest.raises(ValueError, match=match):
         to_run_config(compose_config("tiny_cpu", overrides))
+
+
+def test_without_drops_a_flag_in_each_spelling_with_its_value():
+    args = ServerArgs(("--max-model-len", "512", "-tp", "2", "--tensor-parallel-size=4", "--enforce-eager"))
+    assert args.without("--tensor-parallel-size", "-tp").argv == ("--max-model-len", "512", "--enforce-eager")

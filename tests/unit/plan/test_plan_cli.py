@@ -88,6 +88,53 @@ def test_hf_dir_with_run_settings_from_the_recipe(capsys, tmp_path):
     assert plan["run"]["preset"] == "apriel_15b" and plan["run"]["seq_len"] == 32768
 
 
+ONE_NODE = ["--nodes", "1", "--gpus-per-node", "8", "--gpu-memory-gb", "80"]
+
+
+def test_apriel_15b_on_one_8_gpu_node_splits_it_half_and_half(capsys):
+    """Apriel-15B at the recipe's 20K tokens: the trainer fits on half the node; the fleet's figures
+    by hand from config.json: bf16 weights on one GPU, KV per token 2 (K, V) x layers x kv heads x
+    head_dim x 2 bytes, what 90% of 80 GiB holds beside the weights, in sequences of 20480 tokens."""
+    plan = _plan(capsys, "--preset", "apriel_15b", *ONE_NODE)
+    c, f = plan["cluster"], plan["fleet"]
+    assert (c["trainer_gpus"], c["fleet_gpus"]) == (4, 4)
+    for layout in plan["layouts"]:
+        assert layout["tp"] * layout["cp"] * layout["pp"] * layout["dp"] == 4
+    assert plan["recommended"] and plan["recommended"]["total_gib"] <= 80 - 6
+    text = json.loads((CONF / "models" / "apriel_15b" / "config.json").read_text())["text_config"]
+    weights = _hf_parameters("apriel_15b") * 2
+    per_token = 2 * text["num_hidden_layers"] * text["num_key_value_heads"] * text["head_dim"] * 2
+    kv = 80 * 2**30 * 0.9 - weights
+    assert (f["servers"], f["tp_per_server"]) == (4, 1) and f["kv_bytes_per_token"] == per_token
+    assert f["weights_per_gpu_gib"] == pytest.approx(weights / 2**30)
+    assert f["kv_cache_per_server_gib"] == pytest.approx(kv / 2**30)
+    assert f["full_sequences_per_server"] == int(kv // (per_token * 20480))
+    launch = plan["one_node_launch"]
+    assert launch[:4] == ["launch.nnodes=1", "launch.gpus_per_node=8", "launch.nproc_per_node=4",
+                          "fleet.num_servers=4"]
+    # the preset's own vLLM flags are kept; the planned TP is added
+    assert launch[4] == 'fleet.vllm_args=["--gpu-memory-utilization","0.9","--max-num-seqs","256",' \
+                        '"--no-enable-prefix-caching","--tensor-parallel-size","1"]'
+    assert main(["--preset", "apriel_15b", *ONE_NODE]) == 0
+    assert "one-node launch: apriel-train --config-name PRESET ... launch.nnodes=1" in capsys.readouterr().out
+
+
+def test_a_chosen_trainer_share_of_one_node(capsys):
+    plan = _plan(capsys, "--preset", "apriel_15b", *ONE_NODE, "--trainer-gpus", "6")
+    assert (plan["cluster"]["trainer_gpus"], plan["cluster"]["fleet_gpus"]) == (6, 2)
+    assert plan["fleet"]["servers"] * plan["fleet"]["tp_per_server"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "qwen3_30b_a3b", *ONE_NODE], "does not fit one node of 8 x 80 GiB: the trainer needs more than 7"),
+    (["--preset", "apriel_15b", *ONE_NODE, "--trainer-gpus", "8"], "--trainer-gpus=8 must leave the fleet"),
+])
+def test_one_node_refusals_say_what_to_change(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--preset", "nope"], "no preset 'nope'"),
     (["--preset", "tiny_cpu"], "pass --hf DIR"),
