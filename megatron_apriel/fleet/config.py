@@ -4,7 +4,7 @@ one generation request (``SamplingConfig``). A leaf: standard library only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +135,7 @@ class FleetConfig:
     vllm_args: list[str] = field(default_factory=list)
     """Extra ``vllm serve`` flags, e.g. [--max-model-len, "20480", --tensor-parallel-size, "1"]
     (read through ``ServerArgs``)."""
-    per_server_vllm_args: list[list[str]] = field(default_factory=list)
+    per_server_vllm_args: list[list[Any]] = field(default_factory=list)
     """Flags for single servers that the run starts, after ``vllm_args``: entry i goes to server i, []
     leaves one as it is. A mixed fleet, e.g. one server in FP8 beside bf16 ones, whose drift the
     trainer then reports per server (docs/mismatch.md)."""
@@ -167,6 +167,9 @@ class FleetConfig:
         self._check_per_server_args()
 
     def _check_per_server_args(self) -> None:
+        # list[list[Any]]: OmegaConf turns a bare number of a flat list[str] into a string, but not of
+        # a nested one ([[],[--max-num-seqs,64]]); the flags are strings from here on
+        self.per_server_vllm_args = [[str(a) for a in argv] for argv in self.per_server_vllm_args]
         if not self.per_server_vllm_args:
             return
         if self.servers or len(self.per_server_vllm_args) > self.num_servers:

@@ -70,16 +70,18 @@ def test_per_server_flags_go_to_their_server_only_and_last():
     from megatron_apriel.launch.components import components
 
     run = to_run_config(compose_config("tiny_cpu", ["fleet.num_servers=3", "fleet.vllm_args=[--dtype,float32]",
-                                                    "fleet.per_server_vllm_args=[[],[--dtype,bfloat16]]"]))
+                                                    "fleet.per_server_vllm_args=[[],[--dtype,bfloat16,-n,64]]"]))
     cmds = {c.name: c.cmd for c in components(run)}
-    assert cmds["server_1"][-2:] == ["--dtype", "bfloat16"]  # after the fleet's own --dtype: vLLM takes the last
+    # after the fleet's own --dtype (vLLM takes the last); a bare number arrives as a string, as in vllm_args
+    assert cmds["server_1"][-4:] == ["--dtype", "bfloat16", "-n", "64"]
     assert "bfloat16" not in cmds["server_0"] and "bfloat16" not in cmds["server_2"]
-    assert server_flags(run, 1)[-2:] == ["--dtype", "bfloat16"] and server_flags(run) == server_flags(run, 0)
+    assert server_flags(run, 1)[-4:] == ["--dtype", "bfloat16", "-n", "64"]
+    assert server_flags(run) == server_flags(run, 0)
 
 
 @pytest.mark.parametrize("overrides, match", [
     (["fleet.num_servers=1", "fleet.per_server_vllm_args=[[],[--dtype,bfloat16]]"], "2 entries for the 1 server"),
-    (["fleet.num_servers=2", "fleet.per_server_vllm_args=[[],[-tp,'2']]"], r"\[1\] sets a parallel"),
+    (["fleet.num_servers=2", "fleet.per_server_vllm_args=[[],[-tp,2]]"], r"\[1\] sets a parallel"),
     (["fleet.servers=[http://a:1]", "fleet.per_server_vllm_args=[[--dtype,bfloat16]]"], "none with fleet.servers"),
 ])
 def test_per_server_flags_that_cannot_apply_are_refused(overrides, match):
