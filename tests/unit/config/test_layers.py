@@ -171,3 +171,16 @@ def test_folders_import_each_other_only_where_listed():
 def test_the_cycle_finder_sees_a_longer_cycle():
     edges = {("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("e", "d")}
     assert folder_cycles(edges) == {frozenset({"a", "b"}), frozenset({"b", "c"}), frozenset({"c", "a"})}
+
+
+def test_no_two_test_modules_share_a_file_name():
+    """The test folders are not packages: pytest imports each module by its file name alone, so two
+    modules of one name stop the whole suite at collection ("import file mismatch")."""
+    tests = Path(megatron_apriel.__file__).resolve().parents[1] / "tests"
+    seen: dict[str, Path] = {}
+    twice = []
+    for path in sorted(tests.rglob("test_*.py")):
+        if path.name in seen:
+            twice.append((str(seen[path.name].relative_to(tests)), str(path.relative_to(tests))))
+        seen.setdefault(path.name, path)
+    assert not twice, f"rename one of each pair: {twice}"
