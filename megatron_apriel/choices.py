@@ -8,6 +8,7 @@ from typing import Literal, Optional, get_args
 RolloutSource = Literal["local", "fleet", "replay"]
 LossKind = Literal["gspo", "gspo_token", "grpo"]
 Correction = Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"]
+BeforeTrip = Literal["train", "drop"]
 TokenDispatcher = Literal["auto", "allgather", "alltoall"]
 Fp8Format = Literal["hybrid", "e4m3"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]

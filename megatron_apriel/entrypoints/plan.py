@@ -89,14 +89,17 @@ def load_run(preset: str, model_dir: Path, overrides: list[str]):
     return to_run_config(cfg)
 
 
+def _fleet(arch, run, args, gpus: int):
+    """The vLLM fleet on ``gpus`` GPUs (a ValueError when no server fits)."""
+    return plan_fleet(arch, gpus=gpus, gpus_per_node=min(args.gpus_per_node, gpus), gpu_memory_gib=args.gpu_memory_gb,
+                      memory_utilization=run.fleet.server_args.gpu_memory_utilization,
+                      seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
+
+
 def _size(arch, settings, run, args, usable, trainer_gpus: int, trainer_gpus_per_node: int, fleet_gpus: int):
     """(the trainer's layouts, the recommended one or None, the fleet's plan) for this split."""
     layouts = plan_layouts(arch, trainer_gpus, trainer_gpus_per_node, settings, usable)
-    fleet = plan_fleet(arch, gpus=fleet_gpus, gpus_per_node=min(args.gpus_per_node, fleet_gpus),
-                       gpu_memory_gib=args.gpu_memory_gb,
-                       memory_utilization=run.fleet.server_args.gpu_memory_utilization,
-                       seq_len=run.trainer.seq_len, min_sequences=run.rollout.group_size)
-    return layouts, recommend(layouts), fleet
+    return layouts, recommend(layouts), _fleet(arch, run, args, fleet_gpus)
 
 
 def _one_node(arch, settings, run, args, usable):
@@ -113,16 +116,16 @@ def _one_node(arch, settings, run, args, usable):
     half = max(1, gpus // 2)
     trainer_fits, fleet_fits = [], []
     for trainer in [half, *range(half + 1, gpus), *range(half - 1, 0, -1)]:
+        layouts = plan_layouts(arch, trainer, trainer, settings, usable)
+        best = recommend(layouts)
         try:
-            sized = _size(arch, settings, run, args, usable, trainer, trainer, gpus - trainer)
+            fleet = _fleet(arch, run, args, gpus - trainer)
         except ValueError:  # no vLLM server fits in what is left
-            sized = None
-        else:
-            fleet_fits.append(gpus - trainer)
-        if sized is not None and sized[1] is not None:
-            return trainer, sized
-        if recommend(plan_layouts(arch, trainer, trainer, settings, usable)) is not None:
-            trainer_fits.append(trainer)
+            fleet = None
+        if best is not None and fleet is not None:
+            return trainer, (layouts, best, fleet)
+        trainer_fits += [trainer] if best is not None else []
+        fleet_fits += [gpus - trainer] if fleet is not None else []
     raise ValueError(
         f"the model does not fit one node of {gpus} x {args.gpu_memory_gb:g} GiB: the trainer needs "
         f"{min(trainer_fits) if trainer_fits else f'more than {gpus - 1}'} GPUs and a vLLM server "
@@ -172,8 +175,7 @@ def make_plan(args) -> dict:
         "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gib": args.gpu_memory_gb,
                     "usable_gib": usable, "trainer_nodes": trainer_nodes, "fleet_nodes": fleet_nodes,
                     "trainer_gpus": trainer_gpus,
-                    "fleet_gpus": args.nodes * args.gpus_per_node - trainer_gpus if args.nodes == 1
-                    else fleet_nodes * args.gpus_per_node},
+                    "fleet_gpus": args.nodes * args.gpus_per_node - trainer_gpus},
         "run": {"preset": preset, "seq_len": run.trainer.seq_len,
                 "param_bytes": settings.param_bytes, "sequence_parallel": settings.sequence_parallel,
                 "group_size": run.rollout.group_size,

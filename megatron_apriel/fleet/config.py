@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from megatron_apriel.choices import BeforeTrip, check_choice
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -115,8 +117,7 @@ class DriftGateConfig:
         if self.max_drift <= 0 or self.window_tokens < 1:
             raise ValueError(f"fleet.drift_gate.max_drift must be > 0 and window_tokens >= 1, got "
                              f"{self.max_drift}, {self.window_tokens}.")
-        if self.before_trip not in ("train", "drop"):
-            raise ValueError(f"fleet.drift_gate.before_trip must be train or drop, got {self.before_trip!r}.")
+        check_choice("fleet.drift_gate.before_trip", self.before_trip, BeforeTrip)
 
 
 @dataclass(kw_only=True)

@@ -221,11 +221,11 @@ def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) 
     m = {"mm_seqs": (n_tok_S > 0).sum().float() * once, "mm_seqs_cut": corr.cut_S.sum().float() * once}
     lag = inp.lag_N.clamp(0, LAG_BUCKETS - 1) if inp.lag_N is not None else torch.zeros_like(inp.seq_N)
     buckets = range(LAG_BUCKETS) if inp.lag_N is not None else ["all"]
-    for k in buckets:
+    for k in buckets:  # masked sums, not boolean indexing: no device-to-host sync in the schedule
         where = tok & (lag == (0 if k == "all" else k))
         m[f"mm_{k}_tokens"] = where.sum().float()
-        m[f"mm_{k}_abs_log_rho_sum"] = log_rho[where].abs().sum()
-        m[f"mm_{k}_k3_sum"] = k3[where].sum()
+        m[f"mm_{k}_abs_log_rho_sum"] = (log_rho.abs() * where).sum()
+        m[f"mm_{k}_k3_sum"] = (k3 * where).sum()
         m[f"mm_{k}_cut"] = (corr.cut_N & where).sum().float()
     return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}
 

@@ -19,12 +19,11 @@ def fresh_drift_by_sequence(inp: LossInputs) -> torch.Tensor:
     many there are (the step adds them up per server: a server's numeric drift)."""
     n_seq = inp.adv_S.shape[0]
     fresh = inp.mask_N & (inp.fresh_N if inp.fresh_N is not None else torch.zeros_like(inp.mask_N))
-    drift_N = (inp.logp_N.detach() - inp.old_logp_N).abs().double()
-    out = drift_N.new_zeros(n_seq, 2)
-    seq = inp.seq_N[fresh]
-    out[:, 0].index_add_(0, seq, drift_N[fresh])
-    out[:, 1].index_add_(0, seq, torch.ones_like(drift_N[fresh]))
-    return out
+    fresh_N = fresh.double()  # a weight, not a boolean index: no device-to-host sync in the schedule
+    drift_N = (inp.logp_N.detach() - inp.old_logp_N).abs().double() * fresh_N
+    seq = inp.seq_N.clamp(0, n_seq - 1)
+    return torch.stack([drift_N.new_zeros(n_seq).index_add(0, seq, drift_N),
+                        drift_N.new_zeros(n_seq).index_add(0, seq, fresh_N)], dim=1)
 
 
 PER_SEQ_FRESH = "per_seq_fresh"
@@ -41,21 +40,16 @@ def server_drift(per_mb: list[dict], microbatches: list[MicroBatch], group) -> d
     with the weights being trained (``mismatch/server/<host:port>/fresh_abs_log_rho``, ``.../fresh_tokens``),
     summed over this rank's micro-batches, then over ``group`` (the ranks holding other sequences or
     other parts of them)."""
-    mine: dict[str, list[float]] = {}
-    for m, mb in zip(per_mb, microbatches):
-        for server, (drift, tokens) in zip(mb.servers, m.pop(PER_SEQ_FRESH).tolist()):
-            if server and tokens:
-                total = mine.setdefault(server, [0.0, 0.0])
-                total[0], total[1] = total[0] + drift, total[1] + tokens
+    mine = [(server, drift, tokens) for m, mb in zip(per_mb, microbatches)
+            for server, (drift, tokens) in zip(mb.servers, m.pop(PER_SEQ_FRESH).tolist()) if server and tokens]
     everyone = [mine]
     if group is not None:
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
     merged: dict[str, list[float]] = {}
-    for part in everyone:
-        for server, (drift, tokens) in part.items():
-            total = merged.setdefault(server, [0.0, 0.0])
-            total[0], total[1] = total[0] + drift, total[1] + tokens
+    for server, drift, tokens in (row for part in everyone for row in part):
+        total = merged.setdefault(server, [0.0, 0.0])
+        total[0], total[1] = total[0] + drift, total[1] + tokens
     out = {}
     for server, (drift, tokens) in sorted(merged.items()):
         out[f"mismatch/server/{server_key(server)}/fresh_abs_log_rho"] = drift / tokens

@@ -59,7 +59,7 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chu
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
                    nonfinite=(~torch.isfinite(out.loss_sum.detach())).float())
-    metrics[PER_SEQ_FRESH] = fresh_drift_by_sequence(inp).cpu()
+    metrics[PER_SEQ_FRESH] = fresh_drift_by_sequence(inp)  # on the device: read once, after the schedule
     return out.loss_sum, out.count, metrics
 
 

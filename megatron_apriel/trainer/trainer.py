@@ -188,10 +188,9 @@ class Trainer:
                     raise StopRequested
                 metrics, stop = self._step()
                 history.append(metrics)
-                if stop and self.gate_stop is not None:
-                    break
                 if stop:
-                    log.warning("stop request (%s): saved step %d and stopping", self.stop.reason(), self.step)
+                    if self.gate_stop is None:  # the gate's reason is raised below
+                        log.warning("stop request (%s): saved step %d and stopping", self.stop.reason(), self.step)
                     break
         except StopRequested:
             self._stop_between_steps()
