@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # A real SLURM on this one machine, for the SLURM tests and CI: munge, slurmctld and two slurmd
 # "virtual nodes" (n1, n2) on 127.0.0.1, so that heterogeneous jobs schedule (a hetjob stays
-# PENDING on a one-node cluster). Facts behind every setting: ../shared/CPU_NOTES.md section B.
+# PENDING on a one-node cluster), each with 4 fake GPUs. Facts behind every setting: ../shared/CPU_NOTES.md section B.
 #
 #   bash tools/setup_slurm.sh          # install if needed, configure, start (idempotent, ~10 s)
 #   bash tools/setup_slurm.sh stop     # stop the daemons this script started (by their pid files)
 #   bash tools/setup_slurm.sh status   # exit 0 iff both nodes are up
 #
 # Needs root (apt, /etc/slurm, daemons run as root). State, logs and pid files live in
-# APRIEL_SLURM_DIR (default /tmp/apriel-slurm); the only file written outside it is
-# /etc/slurm/slurm.conf (and munge's key when Debian's postinst did not create one).
+# APRIEL_SLURM_DIR (default /tmp/apriel-slurm); the only files written outside it are
+# /etc/slurm/slurm.conf and gres.conf (and munge's key when Debian's postinst did not create one).
 set -euo pipefail
 
 S="${APRIEL_SLURM_DIR:-/tmp/apriel-slurm}"
 CPUS_PER_NODE="${APRIEL_SLURM_CPUS:-2}"         # what each virtual node offers (they share the real cores)
 MEM_PER_NODE_MB="${APRIEL_SLURM_MEM_MB:-9000}"
 KILL_WAIT_S="${APRIEL_SLURM_KILL_WAIT_S:-10}"   # SIGTERM -> SIGKILL of a cancelled step (SLURM's KillWait)
+# Each node advertises this many GPUs (GRES gpu) backed by device files that are not GPUs
+# ($S/dev/gpuN, made like /dev/null): SLURM schedules them and sets CUDA_VISIBLE_DEVICES in the tasks
+# of the steps that ask for them, which is all a CPU test of the one-node job needs.
+FAKE_GPUS="${APRIEL_SLURM_FAKE_GPUS:-4}"
 CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
 NODES=(n1 n2)
 PORTS=(6818 6819)
 
@@ -68,7 +73,8 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! comm
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 fi
 
-mkdir -p "$S"/state "$S"/log "$S"/spool /run/munge /etc/slurm
+mkdir -p "$S"/state "$S"/log "$S"/spool "$S"/dev /run/munge /etc/slurm
+for i in $(seq 0 $(( FAKE_GPUS - 1 ))); do [[ -c "$S/dev/gpu$i" ]] || mknod -m 666 "$S/dev/gpu$i" c 1 3; done
 chown munge:munge /run/munge
 [[ -s /etc/munge/munge.key ]] || { mungekey --create; chown munge:munge /etc/munge/munge.key; }
 if ! munge -n >/dev/null 2>&1; then
@@ -104,14 +110,20 @@ SlurmdLogFile=$S/log/slurmd-%n.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=${NODES[0]} NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORTS[0]} CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB
-NodeName=${NODES[1]} NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORTS[1]} CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB
+GresTypes=gpu
+NodeName=${NODES[0]} NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORTS[0]} CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$FAKE_GPUS
+NodeName=${NODES[1]} NodeHostname=localhost NodeAddr=127.0.0.1 Port=${PORTS[1]} CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE_MB Gres=gpu:$FAKE_GPUS
 PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 CONF
 )"
+want_gres="Name=gpu File=$S/dev/gpu[0-$(( FAKE_GPUS - 1 ))]"
 restart=0
 if [[ ! -f "$CONF" ]] || [[ "$(cat "$CONF")" != "$want" ]]; then
   printf '%s\n' "$want" > "$CONF"
+  restart=1
+fi
+if [[ ! -f "$GRES_CONF" ]] || [[ "$(cat "$GRES_CONF")" != "$want_gres" ]]; then
+  printf '%s\n' "$want_gres" > "$GRES_CONF"
   restart=1
 fi
 if (( restart )); then stop_slurm; fi

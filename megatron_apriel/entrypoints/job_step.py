@@ -16,7 +16,10 @@ step, the actor and the trainer ranks read that file:
   as shell assignments into ``--facts``.
 - ``serve`` (one task per server): server ``SLURM_LOCALID`` of this node listens on
   ``APRIEL_SERVER_PORT + SLURM_LOCALID``, registers under this node's address (``APRIEL_NODE_ADDRS``
-  maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs;
+  maps node names to SLURM's NodeAddr) and, on GPU nodes, gets its own slice of the node's GPUs
+  (on a node shared with the trainer, ``APRIEL_ONE_NODE=1``: its share of the split that
+  ``launch.gpus_per_node`` describes, as the local launch gives it; the trainer's ranks narrow
+  themselves to theirs, ``entrypoints/trainer_rank.py``);
   then becomes ``apriel-serve`` with the run's vLLM flags (exec), which supervises its vLLM server:
   nothing the server starts outlives the task, even when the server is killed.
 - ``export``: the newest checkpoint to ``run_dir/hf`` (``launch.export_hf``).
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from megatron_apriel.config import launch_config, load_run_config, save_run_config
 from megatron_apriel.refusals import REFUSALS, refuse
+from megatron_apriel.slurm.layout import ONE_NODE_ENV, one_node_split
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config-dir", default=None, help="prepare: a directory of your own presets")
     p.add_argument("--run-dir", default=None, help="serve, export: the run directory prepare wrote the config into")
     p.add_argument("--facts", default=None, help="prepare: write the job's facts here (shell assignments)")
+    p.add_argument("--one-node", action="store_true",
+                   help="prepare: the trainer and the fleet share the job's one node (APRIEL_ONE_NODE=1)")
     for name in ("train-nodes", "train-tasks-per-node", "rollout-nodes", "servers-per-node"):
         p.add_argument(f"--{name}", type=int, default=None, help="prepare: what the allocation holds")
     return p
@@ -55,7 +61,7 @@ def prepare(run, args) -> None:
     if missing:
         raise ValueError(f"prepare needs --{' --'.join(m.replace('_', '-') for m in missing)}.")
     layout = check_allocation(run, args.train_nodes, args.train_tasks_per_node, args.rollout_nodes,
-                              args.servers_per_node)
+                              args.servers_per_node, args.one_node)
     preflight(run)
     save_run_config(run)
     stale = run.paths.clear_registrations()  # servers of an earlier attempt: dead, their URLs may be reused
@@ -64,6 +70,11 @@ def prepare(run, args) -> None:
     print(f"prepare: allocation matches the config ({layout.train_nodes} x {layout.train_tasks_per_node} trainer "
           f"ranks, {layout.rollout_nodes} x {layout.servers_per_node} servers); inputs checked; "
           f"{len(stale)} stale fleet registration(s) removed", flush=True)
+    if layout.one_node:
+        split = one_node_split(run, None)
+        print(f"prepare: one node, {run.launch.gpus_per_node} GPUs (positions in each step's CUDA_VISIBLE_DEVICES): "
+              f"servers {' | '.join(split.servers)}, trainer {split.trainer}"
+              + (f", idle {','.join(split.idle)}" if split.idle else ""), flush=True)
 
 
 def node_address(addrs: str, node: str) -> str:
@@ -93,12 +104,16 @@ def serve(run) -> None:
     addr = node_address(env["APRIEL_NODE_ADDRS"], env["SLURMD_NODENAME"])
     gpus, per_node = int(env.get("APRIEL_GPUS_PER_NODE", "0")), int(env["APRIEL_SERVERS_PER_NODE"])
     child_env = dict(env)
-    if gpus:
+    if env.get(ONE_NODE_ENV) == "1":
+        child_env["CUDA_VISIBLE_DEVICES"] = one_node_split(run, env.get("CUDA_VISIBLE_DEVICES")).servers[
+            int(env["SLURM_PROCID"])]
+    elif gpus:
         child_env["CUDA_VISIBLE_DEVICES"] = gpu_slice(local, per_node, gpus, env.get("CUDA_VISIBLE_DEVICES"))
     cmd = serve_command(run.model.hf_path, port, "0.0.0.0", server_flags(run, int(env["SLURM_PROCID"])),
                         register_dir=run.paths.fleet) + ["--advertise-host", addr]
-    print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port})"
-          + (f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if gpus else "") + f"\n  {' '.join(cmd)}", flush=True)
+    gpus_shown = f", GPUs {child_env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in child_env else ""
+    print(f"serve: server {env.get('SLURM_PROCID')} on {env['SLURMD_NODENAME']} ({addr}:{port}){gpus_shown}"
+          f"\n  {' '.join(cmd)}", flush=True)
     os.execvpe(cmd[0], cmd, child_env)
 
 

@@ -194,8 +194,9 @@ def make_plan(args) -> dict:
 
 
 def one_node_overrides(run, gpus: int, trainer_gpus: int, fleet, best, moe: bool) -> list[str]:
-    """``apriel-train`` overrides that run the plan's split on one node (``launch.gpus_per_node``): the
-    preset's own vLLM flags with the planned --tensor-parallel-size, and the recommended layout."""
+    """``apriel-train`` (and ``apriel-submit``) overrides that run the plan's split on one node
+    (``launch.gpus_per_node``): the preset's own vLLM flags with the planned --tensor-parallel-size,
+    and the recommended layout."""
     from megatron_apriel.fleet.config import ServerArgs
 
     flags = ServerArgs(tuple(run.fleet.vllm_args)).without("--tensor-parallel-size", "-tp").argv
@@ -204,7 +205,7 @@ def one_node_overrides(run, gpus: int, trainer_gpus: int, fleet, best, moe: bool
     out = ["launch.nnodes=1", f"launch.gpus_per_node={gpus}", f"launch.nproc_per_node={trainer_gpus}",
            f"fleet.num_servers={fleet.servers}", "fleet.vllm_args=[" + ",".join(f'"{a}"' for a in flags) + "]",
            f"parallel.tp={layout.tp}", f"parallel.pp={layout.pp}", f"parallel.cp={layout.cp}",
-           f"model.recompute={'null' if recompute == 'none' else recompute}"]
+           f"model.recompute={'null' if recompute == 'none' else recompute}", f"slurm.gpus_per_node={gpus}"]
     return out + ([f"parallel.ep={layout.ep}"] if moe else [])
 
 

@@ -9,7 +9,8 @@ fleet against whole rollout nodes, the partition (and its node count) and the ac
 ``sinfo``/``sacctmgr``, and the run directory, the model and the Python against filesystems the
 compute nodes share. Each refusal names the key to change. The rendered script is written to
 ``run_dir/slurm/train.<time>.sbatch`` (``--dry-run`` stops there); then ``sbatch`` submits it and
-the job id, the job log and the component logs are printed.
+the job id, the job log and the component logs are printed. With ``launch.gpus_per_node > 0`` the
+trainer and the fleet share one node: a one-node plain job with the local launch's GPU split.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Optional
 from megatron_apriel.refusals import REFUSALS, refuse
 from megatron_apriel.run_dir import RunDir
 from megatron_apriel.slurm import checks
+from megatron_apriel.slurm.render import hetjob
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,13 +55,29 @@ def problems(run, layout, query: checks.Query, mounts_text: str, env: dict,
     found += [m for what, p in paths if (m := checks.path_problem(what, p, roots, mounts_text))]
     if cluster:
         found += checks.partition_problems(s.partition, layout.total_nodes, query)
-        found += checks.node_problems(s.partition, layout, hetjob=s.hetjob, cpus_per_task=s.cpus_per_task, query=query)
+        found += checks.node_problems(s.partition, layout, hetjob=hetjob(run, layout), cpus_per_task=s.cpus_per_task,
+                                      query=query)
         acct, note = checks.account_problems(s.account, env.get("USER") or getpass.getuser(), query)
         found += acct
         notes += ([note] if note else []) + checks.stop_time_notes(run.run_dir, s.signal_s, query)
     else:
         notes.append("partition and account: not checked (--dry-run)")
     return found, notes
+
+
+def describe(run, layout) -> str:
+    """The job's shape in one line (and, on one node, each process's GPUs)."""
+    if layout.one_node:
+        from megatron_apriel.slurm.layout import one_node_split
+
+        split = one_node_split(run)
+        gpus = (f"servers on GPUs {' | '.join(split.servers)}, trainer on {split.trainer}"
+                + (f", idle {','.join(split.idle)}" if split.idle else ""))
+        return (f"one-node plain job: {layout.train_tasks_per_node} trainer rank(s) and {layout.servers_per_node} vLLM "
+                f"server(s) sharing its {run.launch.gpus_per_node} GPUs ({gpus})")
+    kind = "heterogeneous job" if hetjob(run, layout) else "plain job"
+    return (f"{kind}: {layout.train_nodes} trainer node(s) x {layout.train_tasks_per_node} rank(s), "
+            f"{layout.rollout_nodes} rollout node(s) x {layout.servers_per_node} vLLM server(s)")
 
 
 def write_script(text: str, run_dir: str) -> Path:
@@ -96,9 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("apriel-submit: not submitted:\n" + "\n".join(f"  - {m}" for m in found), file=sys.stderr)
         return 2
     script = write_script(text, run.run_dir)
-    kind = "heterogeneous job" if run.slurm.hetjob else "plain job"
-    print(f"{kind}: {layout.train_nodes} trainer node(s) x {layout.train_tasks_per_node} rank(s), "
-          f"{layout.rollout_nodes} rollout node(s) x {layout.servers_per_node} vLLM server(s); " + "; ".join(notes))
+    print(f"{describe(run, layout)}; " + "; ".join(notes))
     print(f"script: {script}")
     if args.dry_run:
         return 0

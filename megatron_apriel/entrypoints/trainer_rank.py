@@ -24,6 +24,7 @@ from typing import Optional
 
 from megatron_apriel.config import RunConfig, load_run_config
 from megatron_apriel.logs import setup_logging
+from megatron_apriel.slurm.layout import ONE_NODE_ENV, one_node_split
 from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
 log = logging.getLogger("megatron_apriel")
@@ -152,7 +153,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                          "under torchrun or srun, or run the whole job with apriel-train.")
     os.environ.update(rank_env)
     setup_logging()
-    run_trainer(load_run_config(args.run_dir))  # a rank's log keeps a refusal's traceback
+    run = load_run_config(args.run_dir)
+    if os.environ.get(ONE_NODE_ENV) == "1":  # a SLURM node shared with the fleet: our GPUs, before CUDA starts
+        os.environ["CUDA_VISIBLE_DEVICES"] = one_node_split(run, os.environ.get("CUDA_VISIBLE_DEVICES")).trainer
+        log.info("one node shared with the fleet: the trainer's ranks on GPUs %s", os.environ["CUDA_VISIBLE_DEVICES"])
+    run_trainer(run)  # a rank's log keeps a refusal's traceback
 
 
 if __name__ == "__main__":

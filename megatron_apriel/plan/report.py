@@ -65,7 +65,8 @@ def render_text(plan: dict) -> str:
         + ", ".join(f"stage {i}: {b / 2**30:.1f} GiB {s:.1f} s" for i, (b, s) in
                     enumerate(zip(u["bytes_per_stage"], u["seconds_per_stage"]))),
     ]
-    if plan.get("one_node_launch"):  # the local launch's keys for the split (docs/configuration.md)
-        lines.append("one-node launch: apriel-train --config-name PRESET ... "
-                     + " ".join(shlex.quote(o) for o in plan["one_node_launch"]))
+    if plan.get("one_node_launch"):  # the split's keys, for the local launch and the one-node SLURM job
+        keys = " ".join(shlex.quote(o) for o in plan["one_node_launch"])
+        lines.append(f"one-node launch: apriel-train --config-name PRESET ... {keys}")
+        lines.append(f"one-node SLURM job: apriel-submit --config-name PRESET ... {keys}")
     return "\n".join(lines)

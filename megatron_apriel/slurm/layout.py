@@ -1,12 +1,21 @@
 """The SLURM job a run needs (trainer nodes, rollout nodes, servers and GPUs per node), derived
-from its config and checked against it before submission and again inside the job (pure)."""
+from its config and checked against it before submission and again inside the job (pure).
+
+Two shapes: the trainer and the fleet on nodes of their own (a heterogeneous job, or a plain one
+whose first ``launch.nnodes`` nodes train); or, with ``launch.gpus_per_node > 0``, one node that
+they share, its GPUs split as the local launch splits them (``launch/devices.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from megatron_apriel.config import RunConfig
+from megatron_apriel.launch.devices import DeviceSplit, split_devices
 from megatron_apriel.parallel.dims import ParallelDims
+
+ONE_NODE_ENV = "APRIEL_ONE_NODE"
+"""Set to 1 by slurm/train.sbatch in every step of a job whose one node the trainer and the fleet share."""
 
 
 @dataclass(frozen=True)
@@ -18,10 +27,13 @@ class JobLayout:
     gpus_per_node: int
     """0 on CPU nodes."""
     vllm_tp: int
+    one_node: bool = False
+    """The trainer and the fleet share one node (``launch.gpus_per_node``): one plain job of one node,
+    whatever ``slurm.hetjob`` says."""
 
     @property
     def total_nodes(self) -> int:
-        return self.train_nodes + self.rollout_nodes
+        return 1 if self.one_node else self.train_nodes + self.rollout_nodes
 
     @property
     def num_servers(self) -> int:
@@ -43,9 +55,40 @@ def _check_run(run: RunConfig) -> None:
                          "checkpoint; set checkpoint.save_at_end=true.")
 
 
+def one_node_split(run: RunConfig, visible: Optional[str] = None) -> DeviceSplit:
+    """The GPUs of each process on a node the trainer and the fleet share, over ``visible`` (a task's
+    CUDA_VISIBLE_DEVICES; None: 0..launch.gpus_per_node-1): the local launch's split."""
+    return split_devices(run.launch.gpus_per_node, run.fleet.num_servers, run.fleet.server_args.gpus,
+                         run.launch.nproc_per_node, visible)
+
+
+def _one_node_layout(run: RunConfig) -> JobLayout:
+    """``launch.gpus_per_node > 0``: the servers and the trainer's ranks on one node's GPUs."""
+    launch, s, fleet = run.launch, run.slurm, run.fleet
+    gpus = launch.gpus_per_node
+    if launch.nnodes != 1:
+        raise ValueError(f"launch.gpus_per_node={gpus} shares one node between the fleet and the trainer, but "
+                         f"launch.nnodes={launch.nnodes}: set launch.nnodes=1, or launch.gpus_per_node=0 to give the "
+                         "trainer and the fleet nodes of their own.")
+    if s.gpus_per_node not in (0, gpus):
+        raise ValueError(f"launch.gpus_per_node={gpus} but slurm.gpus_per_node={s.gpus_per_node}: on one node both "
+                         f"are the node's GPUs; set slurm.gpus_per_node={gpus} (or 0 on a cluster that does not "
+                         "schedule GPUs as GRES: the job then hands out GPUs 0..N-1 itself).")
+    if s.servers_per_node not in (0, fleet.num_servers):
+        raise ValueError(f"slurm.servers_per_node={s.servers_per_node} but one node runs all fleet.num_servers="
+                         f"{fleet.num_servers} servers: set slurm.servers_per_node=0.")
+    one_node_split(run)  # raises naming the keys
+    ParallelDims.resolve(run.parallel, launch.nproc_per_node)
+    return JobLayout(train_nodes=1, train_tasks_per_node=launch.nproc_per_node, rollout_nodes=1,
+                     servers_per_node=fleet.num_servers, gpus_per_node=s.gpus_per_node,
+                     vllm_tp=fleet.server_args.tensor_parallel_size, one_node=True)
+
+
 def job_layout(run: RunConfig) -> JobLayout:
     """The layout ``run`` needs on ``run.slurm``'s nodes, or a ValueError naming the key to change."""
     _check_run(run)
+    if run.launch.gpus_per_node:
+        return _one_node_layout(run)
     s = run.slurm
     tp, pp, ranks = run.parallel.tp, run.parallel.pp, run.launch.nproc_per_node
     vllm_tp = run.fleet.server_args.tensor_parallel_size
@@ -82,12 +125,19 @@ def job_layout(run: RunConfig) -> JobLayout:
 
 
 def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int, rollout_nodes: int,
-                     servers_per_node: int) -> JobLayout:
+                     servers_per_node: int, one_node: bool = False) -> JobLayout:
     """Inside the job: the allocation SLURM gave (and the script's servers per node) against the
     config's trainer and fleet sizes; a ValueError that says which side to change. Independent of
     ``slurm.*``, so a job submitted by hand needs only its resources and APRIEL_* variables right."""
     _check_run(run)
     launch = run.launch
+    if one_node != bool(launch.gpus_per_node):
+        raise ValueError(
+            f"this job {'shares one node' if one_node else 'puts the trainer and the fleet on nodes of their own'} "
+            f"(APRIEL_ONE_NODE={int(one_node)}) but the config has launch.gpus_per_node={launch.gpus_per_node}: "
+            "submit with apriel-submit, or set APRIEL_ONE_NODE=1 exactly when launch.gpus_per_node > 0.")
+    if one_node:
+        one_node_split(run)
     if (train_nodes, train_tasks_per_node) != (launch.nnodes, launch.nproc_per_node) or \
             rollout_nodes * servers_per_node != run.fleet.num_servers:
         raise ValueError(
@@ -99,4 +149,4 @@ def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int
         )
     ParallelDims.resolve(run.parallel, train_nodes * train_tasks_per_node)
     return JobLayout(train_nodes, train_tasks_per_node, rollout_nodes, servers_per_node, run.slurm.gpus_per_node,
-                     run.fleet.server_args.tensor_parallel_size)
+                     run.fleet.server_args.tensor_parallel_size, one_node)

@@ -37,12 +37,17 @@ def _component(run: RunConfig, nodes: int, tasks_per_node: int) -> list[str]:
     return [f"#SBATCH {o}" for o in opts if o]
 
 
+def hetjob(run: RunConfig, layout: JobLayout) -> bool:
+    """Whether the job is heterogeneous: ``slurm.hetjob``, unless one node holds everything."""
+    return run.slurm.hetjob and not layout.one_node
+
+
 def sbatch_lines(run: RunConfig, layout: JobLayout) -> list[str]:
     """Resources: two components (trainer nodes, rollout nodes) or one plain job of both."""
     s = run.slurm
     head = [f"#SBATCH --output={run.paths.slurm / 'apriel-%j.out'}",
             f"#SBATCH --signal=B:USR1@{s.signal_s}"]
-    if s.hetjob:
+    if hetjob(run, layout):
         return head + _component(run, layout.train_nodes, layout.train_tasks_per_node) + ["#SBATCH hetjob"] + \
             _component(run, layout.rollout_nodes, layout.servers_per_node)
     return head + _component(run, layout.total_nodes, max(layout.train_tasks_per_node, layout.servers_per_node))
@@ -62,6 +67,7 @@ def variables(run: RunConfig, layout: JobLayout, config_name: str, overrides: li
         "APRIEL_TRAIN_TASKS_PER_NODE": str(layout.train_tasks_per_node),
         "APRIEL_SERVERS_PER_NODE": str(layout.servers_per_node),
         "APRIEL_GPUS_PER_NODE": str(layout.gpus_per_node),
+        "APRIEL_ONE_NODE": str(int(layout.one_node)),
         "APRIEL_ENV_FILE": str(Path(s.env_file).resolve()) if s.env_file else str(shipped("cluster.env")),
         "APRIEL_CPUS_PER_TASK": str(s.cpus_per_task),
         "APRIEL_PORT_BASE": str(s.port_base),

@@ -2,6 +2,9 @@
 layouts against hand-written expectations, the refusals, each component's CUDA_VISIBLE_DEVICES (also
 after a restart) and the dry run's printout. Nothing here needs a GPU: the devices are only named."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from megatron_apriel.config import compose_config, to_run_config
@@ -89,12 +92,22 @@ def test_the_planners_one_node_command_passes_the_dry_run(tmp_path, monkeypatch,
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("one-node launch:")]
     keys = shlex.split(line.split("...", 1)[1])
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={apriel_model(tmp_path)}",
-                        data_list(FIVE_DOMAINS), f"run_dir={tmp_path / 'run'}", "launch.dry_run=true", *keys,
-                        cwd=tmp_path)
+    model = apriel_model(tmp_path)
+    proc = apriel_train("--config-name", "apriel_15b", f"model.hf_path={model}", data_list(FIVE_DOMAINS),
+                        f"run_dir={tmp_path / 'run'}", "launch.dry_run=true", *keys, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [line.split()[1] for line in lines if line.split()[0].startswith("server_")] == \
         [f"CUDA_VISIBLE_DEVICES={i}" for i in range(4)]
     assert "CUDA_VISIBLE_DEVICES=4,5,6,7 " in next(line for line in lines if line.split()[0] == "trainer")
     assert "the launch would refuse" not in proc.stdout
+
+    # the same keys make a one-node SLURM job with the same split
+    from megatron_apriel.entrypoints import submit
+    from megatron_apriel.slurm import checks
+
+    monkeypatch.setenv(checks.SHARED_ROOTS_ENV, f"{tmp_path}:{Path(sys.executable).resolve().parent}")
+    assert submit.main(["--config-name", "apriel_15b", f"model.hf_path={model}", data_list(FIVE_DOMAINS),
+                        f"run_dir={tmp_path / 'run'}", *keys, "--dry-run"]) == 0
+    assert ("one-node plain job: 4 trainer rank(s) and 4 vLLM server(s) sharing its 8 GPUs (servers on GPUs "
+            "0 | 1 | 2 | 3, trainer on 4,5,6,7)") in capsys.readouterr().out

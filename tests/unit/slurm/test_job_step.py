@@ -4,7 +4,7 @@ import pytest
 
 from megatron_apriel.config import compose_run
 from megatron_apriel.entrypoints.job_step import gpu_slice, node_address
-from megatron_apriel.slurm.layout import check_allocation
+from megatron_apriel.slurm.layout import check_allocation, one_node_split
 
 
 def test_each_server_gets_its_own_share_of_the_gpus():
@@ -29,3 +29,21 @@ def test_allocation_that_does_not_fit_the_config_is_refused():
     assert "APRIEL_*" in str(err.value)
     with pytest.raises(ValueError, match="fleet.num_servers=1"):
         check_allocation(run, 1, 2, 2, 1)
+
+
+def test_one_node_allocation_must_be_what_the_config_says():
+    run, _ = compose_run("tiny_cpu", ["launch.gpus_per_node=4"])
+    assert check_allocation(run, 1, 2, 1, 1, one_node=True).one_node
+    with pytest.raises(ValueError, match=r"\(APRIEL_ONE_NODE=0\) but the config has launch.gpus_per_node=4"):
+        check_allocation(run, 1, 2, 1, 1)
+    two_nodes, _ = compose_run("tiny_cpu", [])
+    with pytest.raises(ValueError, match=r"\(APRIEL_ONE_NODE=1\) but the config has launch.gpus_per_node=0"):
+        check_allocation(two_nodes, 1, 2, 1, 1, one_node=True)
+
+
+def test_one_node_split_is_over_what_the_step_sees():
+    """Every step of a one-node job sees the node's GPUs; each process takes its share of them."""
+    run, _ = compose_run("tiny_cpu", ["launch.gpus_per_node=4", "fleet.num_servers=2"])
+    split = one_node_split(run, "4,5,6,7")
+    assert (split.servers, split.trainer, split.idle) == (("4", "5"), "6,7", ())
+    assert one_node_split(run).servers == ("0", "1")

@@ -233,3 +233,48 @@ def test_every_knob_is_a_documented_variable_at_the_top(name):
     assert max(knobs) < first_command
     for i in knobs:
         assert lines[i - 1].startswith("#") or re.match(r': "\$\{APRIEL_', lines[i - 1]), lines[i]
+
+
+ONE_NODE = ["launch.gpus_per_node=8", "slurm.gpus_per_node=8", "slurm.servers_per_node=0", "launch.nproc_per_node=4",
+            "fleet.num_servers=2", "fleet.vllm_args=[-tp,2]"]  # 2 servers x 2 GPUs + 4 ranks = 8
+
+
+def test_one_node_layout_is_one_plain_job_whatever_slurm_hetjob_says(tmp_path):
+    run, layout = layout_of(*ONE_NODE, "slurm.hetjob=true", f"run_dir={tmp_path}")
+    assert layout.one_node and layout.total_nodes == 1 and layout.num_servers == 2
+    text = render(shipped("train.sbatch").read_text(), run, layout, "tiny_cpu", [])
+    opts = sbatch_options(text)
+    assert "hetjob" not in opts
+    assert {"--nodes=1", "--ntasks-per-node=4", "--gpus-per-node=8", "--exclusive"} <= set(opts)
+    assert re.search(r"^APRIEL_ONE_NODE=1$", text, re.M) and re.search(r"^APRIEL_SERVERS_PER_NODE=2$", text, re.M)
+    _, two_nodes = layout_of(*CPU)
+    assert not two_nodes.one_node and two_nodes.total_nodes == 2
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["launch.nnodes=2"], "set launch.nnodes=1, or launch.gpus_per_node=0"),
+    (["slurm.gpus_per_node=4"], "set slurm.gpus_per_node=8 (or 0"),
+    (["slurm.servers_per_node=1"], "set slurm.servers_per_node=0"),
+    (["fleet.num_servers=3"], "cannot hold fleet.num_servers=3 x 2 GPU(s) per server"),
+    (["launch.nproc_per_node=3", "fleet.num_servers=1", "parallel.tp=2"], "parallel.tp"),
+])
+def test_one_node_refusals_name_the_keys(extra, expected):
+    assert expected in refusal(*ONE_NODE, *extra)
+
+
+def test_one_node_without_gres_hands_out_the_gpus_by_count():
+    """slurm.gpus_per_node=0 on one node: no --gpus-per-node (a cluster that does not schedule GPUs)."""
+    run, layout = layout_of(*ONE_NODE, "slurm.gpus_per_node=0", "slurm.servers_per_node=2")
+    assert layout.one_node and layout.gpus_per_node == 0
+    assert not any(o.startswith("--gpus-per-node") for o in sbatch_options(
+        render(shipped("train.sbatch").read_text(), run, layout, "tiny_cpu", [])))
+
+
+def test_dry_run_of_a_one_node_job_prints_each_process_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(checks.SHARED_ROOTS_ENV, f"{tmp_path}:{Path(sys.executable).resolve().parent}")
+    code = submit_cli.main(["--config-name", "tiny_cpu", *ONE_NODE, "launch.nproc_per_node=2",
+                            f"run_dir={tmp_path}/run", "--dry-run"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "one-node plain job: 2 trainer rank(s) and 2 vLLM server(s) sharing its 8 GPUs" in out
+    assert "servers on GPUs 0,1 | 2,3, trainer on 4,5, idle 6,7" in out
