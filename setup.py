@@ -6,7 +6,7 @@ setup(
     description="Megatron-Core RL post-training backend reproducing the Apriel-1.5-OpenReasoner recipe",
     python_requires=">=3.10",
     packages=find_packages(include=["megatron_apriel", "megatron_apriel.*"]),
-    package_data={"megatron_apriel": ["conf/*.yaml", "conf/models/*/config.json"]},
+    package_data={"megatron_apriel": ["conf/*.yaml", "conf/models/*/config.json", "eval/steps/prompts_v*.yaml"]},
     install_requires=[
         # torch is installed first, explicitly (see README): a bare "torch" here would let pip
         # pull a CUDA build on a CPU machine.

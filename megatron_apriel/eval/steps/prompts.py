@@ -1,0 +1,53 @@
+"""The eight step labels and the judge's versioned prompts (``prompts_v<N>.yaml`` beside this file).
+
+The labels are the report's keys (RECIPE.md section 11); the prompts file must describe exactly
+these eight, in this order, or it is refused. Its ``version`` is part of every cached verdict's
+digest and of the report, so a reworded prompt never reuses a verdict of the old wording.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+LABELS: tuple[str, ...] = ("problem_setup", "forward_reasoning", "verification", "backtracking", "subgoal_setting",
+                           "backward_chaining", "final_answer", "other")
+NON_PRODUCTIVE = "other"
+"""The label of steps that add nothing (the paper's non-productive share: 21% -> 14%)."""
+STRATEGIC: tuple[str, ...] = ("verification", "backtracking", "subgoal_setting", "backward_chaining")
+"""The labels whose combined share the paper reports (11% -> 17%)."""
+
+PROMPTS_FILE = Path(__file__).with_name("prompts_v1.yaml")
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The judge's instructions: one system message (segmentation, classification, answer format)
+    and the follow-up sent with a rejected answer's reason."""
+
+    version: int
+    system: str
+    retry: str
+
+    def retry_message(self, reason: str) -> str:
+        return self.retry.replace("{reason}", reason)
+
+
+def load_prompts(path: Path = PROMPTS_FILE) -> Prompts:
+    """The prompts in ``path``; ValueError naming the file and what is wrong with it."""
+    data = yaml.safe_load(Path(path).read_text())
+    need = ("version", "labels", "segmentation", "classification", "answer_format", "retry")
+    missing = [k for k in need if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ValueError(f"{path}: missing keys {missing}; a prompts file has {list(need)}.")
+    if tuple(data["labels"]) != LABELS:
+        raise ValueError(f"{path}: labels {list(data['labels'])} are not the eight of RECIPE.md section 11, "
+                         f"in order: {list(LABELS)}.")
+    if not isinstance(data["version"], int) or data["version"] < 1:
+        raise ValueError(f"{path}: version must be a positive integer, got {data['version']!r}.")
+    labels = "\n".join(f"- {name}: {meaning}" for name, meaning in data["labels"].items())
+    system = "\n".join([data["segmentation"].strip(), data["classification"].replace("{labels}", labels).strip(),
+                        data["answer_format"].strip()])
+    return Prompts(version=data["version"], system=system, retry=data["retry"].strip())
