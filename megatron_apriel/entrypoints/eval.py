@@ -9,11 +9,16 @@
     apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
     apriel-eval plot evals/base evals/step250 --labels base rl --out evals/plots
     apriel-eval curves runs/apriel_15b --out evals/plots
+    apriel-eval steps evals/base evals/step250                      # offline segmenter: steps, tokens/step
+    apriel-eval steps --compare evals/base evals/step250 --judge-url http://judge:8000 --judge-model gpt-x
 
 ``run`` writes into ``--out``: ``manifest.json`` (what defines the samples), ``samples/NAME.jsonl``
 (every scored sample, appended as it finishes: rerunning the same command continues where it
 stopped and reports the same numbers), ``report.json`` / ``report.md`` (after each benchmark),
 ``plots/`` (response lengths, accuracy vs token budget) and ``logs/server_*.log``.
+``steps`` segments the responses of finished evaluations into reasoning steps (RECIPE.md section 11)
+and writes ``EVAL/steps/<offline|judge-MODEL>/report.{json,md}`` beside each; ``--compare A B``
+also prints base A against trained B and draws ``steps_<benchmark>.png`` (docs/evaluation.md).
 Defaults follow RECIPE.md section 8: temperature 1.0, top_p 0.95, 32768 output tokens, samples
 per problem by format (AIME 16, GPQA 8, MMLU-Pro 1, LiveCodeBench 4; ``--n`` / ``--n-for``).
 """
@@ -68,6 +73,34 @@ def _run_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _steps_parser(sub) -> None:
+    p = sub.add_parser("steps", help="reasoning-trace analysis: steps, tokens per step, step labels (by a judge)")
+    p.add_argument("evals", nargs="+", type=Path, help="apriel-eval output directories")
+    p.add_argument("--compare", action="store_true", help="exactly two evaluations, base then trained: compare them")
+    p.add_argument("--labels", nargs=2, default=None, metavar=("A", "B"), help="their names (default: labels)")
+    p.add_argument("--out", type=Path, default=None, help="where --compare writes its figures "
+                   "(default: B/steps/<analysis>/compare)")
+    p.add_argument("--all", action="store_true", help="every response, not only the correct ones")
+    p.add_argument("--bench", action="append", default=[], metavar="NAME", help="this benchmark only (repeat)")
+    p.add_argument("--judge-url", default=None, help="an OpenAI-compatible server (vLLM, apriel-serve, an API); "
+                   "without it the offline rule-based segmenter counts steps (no labels)")
+    p.add_argument("--judge-model", default=None, help="the judge's served model name (required with --judge-url)")
+    p.add_argument("--judge-api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the judge's API key (default: OPENAI_API_KEY, if set)")
+    p.add_argument("--judge-max-in-flight", type=int, default=8, help="judge requests in flight")
+    p.add_argument("--judge-timeout", type=float, default=600.0, help="seconds one judge request may take")
+    p.add_argument("--judge-attempts", type=int, default=3, help="requests per trace window before it is failed")
+    p.add_argument("--judge-max-tokens", type=int, default=16384, help="the judge's answer budget per request")
+    p.add_argument("--window-chars", type=int, default=12000,
+                   help="longer traces are cut into windows at paragraph or sentence ends (or refused)")
+    p.add_argument("--retry-failed", action="store_true", help="ask again for windows cached as failed")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for tokens per step, or 'whitespace' "
+                   "(default: the evaluated model's, else whitespace words, as the report says)")
+    p.add_argument("--max-step-chars", type=int, default=800,
+                   help="offline segmenter: paragraphs longer than this are cut at sentence ends")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--labels", nargs="+", default=None, help="one name per result (default: their labels)")
     plot.add_argument("--bench", action="append", default=[], metavar="NAME", help="plot this benchmark only (repeat)")
     plot.add_argument("--out", required=True, type=Path)
+    _steps_parser(sub)
     curves = sub.add_parser("curves", help="training curves from a run directory's TensorBoard log")
     curves.add_argument("run_dir", type=Path)
     curves.add_argument("--out", required=True, type=Path)
@@ -112,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             for path in plot_comparison(args.results, args.labels, args.out, args.bench):
                 print(f"[{PROG}] wrote {path}")
             return 0
+        if args.command == "steps":
+            return _steps(args)
         from megatron_apriel.eval.plots import plot_training_curves
 
         print(f"[{PROG}] wrote {plot_training_curves(args.run_dir, args.out)}")
@@ -184,6 +220,58 @@ async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[
     finally:
         await client.aclose()
         pool.shutdown(cancel_futures=True)
+
+
+def _steps_config(args: argparse.Namespace):
+    import os
+
+    from megatron_apriel.eval.steps.analyse import StepsConfig
+    from megatron_apriel.eval.steps.judge import JudgeConfig
+    from megatron_apriel.eval.steps.offline import OfflineConfig
+
+    judge = None
+    if args.judge_url or args.judge_model:
+        if not (args.judge_url and args.judge_model):
+            raise ValueError("--judge-url and --judge-model go together: the server and the model name it serves.")
+        if args.judge_api_key_env and args.judge_api_key_env not in os.environ:
+            raise ValueError(f"--judge-api-key-env {args.judge_api_key_env}: that variable is not set; export it.")
+        judge = JudgeConfig(url=args.judge_url, model=args.judge_model,
+                            api_key_env=args.judge_api_key_env or "OPENAI_API_KEY",
+                            max_in_flight=args.judge_max_in_flight, timeout_s=args.judge_timeout,
+                            max_attempts=args.judge_attempts, max_tokens=args.judge_max_tokens)
+    return StepsConfig(benchmarks=tuple(args.bench), all_responses=args.all, judge=judge,
+                       window_chars=args.window_chars, retry_failed=args.retry_failed, tokenizer=args.tokenizer,
+                       offline=OfflineConfig(max_step_chars=args.max_step_chars), progress=not args.no_progress)
+
+
+def _steps(args: argparse.Namespace) -> int:
+    """The composition root of ``apriel-eval steps``: each evaluation analysed, then compared."""
+    from megatron_apriel.eval.steps.analyse import analyse
+    from megatron_apriel.eval.steps.prompts import load_prompts
+    from megatron_apriel.eval.steps.report import console_table, write_steps_report
+
+    if args.compare and len(args.evals) != 2:
+        raise ValueError(f"--compare takes exactly two evaluations (base, then trained), got {len(args.evals)}.")
+    cfg = _steps_config(args)
+    prompts = load_prompts() if cfg.judge is not None else None
+    reports = []
+    for path in args.evals:
+        report = analyse(path, cfg, prompts)
+        written = write_steps_report(path / "steps" / cfg.name, report)
+        print(console_table(report))
+        print(f"[{PROG}] wrote {written}")
+        reports.append(report)
+    if args.compare:
+        from megatron_apriel.eval.steps.compare import comparison_text, plot_comparison
+
+        labels = tuple(args.labels) if args.labels else (reports[0]["label"], reports[1]["label"])
+        if labels[0] == labels[1]:
+            labels = (f"{labels[0]} (A)", f"{labels[1]} (B)")
+        print(comparison_text(reports[0], reports[1], labels))
+        out = args.out or args.evals[1] / "steps" / cfg.name / "compare"
+        for path in plot_comparison(reports[0], reports[1], labels, out):
+            print(f"[{PROG}] wrote {path}")
+    return 0
 
 
 def _budgets(text: str) -> tuple[int, ...]:
