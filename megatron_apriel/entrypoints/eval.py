@@ -91,6 +91,8 @@ def _steps_parser(sub) -> None:
     p.add_argument("--judge-timeout", type=float, default=600.0, help="seconds one judge request may take")
     p.add_argument("--judge-attempts", type=int, default=3, help="requests per trace window before it is failed")
     p.add_argument("--judge-max-tokens", type=int, default=16384, help="the judge's answer budget per request")
+    p.add_argument("--judge-prompts", type=Path, default=None,
+                   help="another prompts file of the packaged one's shape (default: eval/steps/prompts_v1.yaml)")
     p.add_argument("--window-chars", type=int, default=12000,
                    help="longer traces are cut into windows at paragraph or sentence ends (or refused)")
     p.add_argument("--retry-failed", action="store_true", help="ask again for windows cached as failed")
@@ -253,7 +255,7 @@ def _steps(args: argparse.Namespace) -> int:
     if args.compare and len(args.evals) != 2:
         raise ValueError(f"--compare takes exactly two evaluations (base, then trained), got {len(args.evals)}.")
     cfg = _steps_config(args)
-    prompts = load_prompts() if cfg.judge is not None else None
+    prompts = (load_prompts(args.judge_prompts) if args.judge_prompts else load_prompts()) if cfg.judge else None
     reports = []
     for path in args.evals:
         report = analyse(path, cfg, prompts)

@@ -69,7 +69,7 @@ def _windows(traces: Sequence[Trace], cfg: StepsConfig, prompts: Prompts) -> dic
     for i, trace in enumerate(traces):
         windows = split_windows(trace.text, cfg.window_chars) if trace.text else []
         out[i] = windows if isinstance(windows, Refusal) else \
-            [(verdict_digest(w, prompts.version, cfg.judge.model), w) for w in windows]
+            [(verdict_digest(w, prompts, cfg.judge.model), w) for w in windows]
     return out
 
 
@@ -103,6 +103,7 @@ def judge_traces(traces: Sequence[Trace], cfg: StepsConfig, prompts: Prompts,
         failed = [p for p in parts if isinstance(p, Rejection)]
         results.append(failed[0] if failed else [s for part in parts for s in part])
     section = {"model": cfg.judge.model, "url": cfg.judge.url, "prompts_version": prompts.version,
+               "prompts_file": prompts.source, "prompts_fingerprint": prompts.fingerprint,
                "window_chars": cfg.window_chars, "windows": len(wanted), "cached_windows": len(known),
                "throughput": tally.as_dict()}
     counts = [1 if isinstance(p, Refusal) else len(p) for p in per_trace.values()]

@@ -1,9 +1,9 @@
 """The judge's verdicts, cached one file per window so that a rerun asks only for what is new.
 
-Layout: ``EVAL/steps/cache/<digest>.json``, one `Verdict` each, with ``digest`` the SHA-256 of
-(window text, prompts version, judge model name) (`verdict_digest`): the same text judged by the
-same model under the same prompts is asked once, whatever benchmark, sample or run directory it
-came from; another prompt version or judge is another file. A verdict is written with
+Layout: ``EVAL/steps/cache/<digest>.json``, one `Verdict` each, with ``digest`` the SHA-256
+of (window text, prompts version and fingerprint, judge model name) (`verdict_digest`): the same
+text judged by the same model under the same prompts is asked once, whatever benchmark or sample
+it came from; another prompt version or judge is another file. A verdict is written with
 `files.atomic_write` (temporary name, fsync, rename), so a SIGKILL leaves a whole file or none
 (at most a hidden ``.<name>.tmp-<pid>``, which readers ignore). Cached are the accepted
 segmentations and those refused after every attempt (the judge's verdict, which a rerun would only
@@ -20,13 +20,15 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from megatron_apriel.eval.steps.prompts import Prompts
 from megatron_apriel.eval.steps.validate import Failure, Rejection, Step, check_verbatim
 from megatron_apriel.files import atomic_write
 from megatron_apriel.records.base import Record
 
 
-def verdict_digest(window: str, prompts_version: int, judge: str) -> str:
-    key = json.dumps({"trace": window, "prompts_version": prompts_version, "judge": judge}, sort_keys=True)
+def verdict_digest(window: str, prompts: Prompts, judge: str) -> str:
+    key = json.dumps({"trace": window, "prompts_version": prompts.version, "prompts_fingerprint": prompts.fingerprint,
+                      "judge": judge}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 

@@ -2,11 +2,14 @@
 
 The labels are the report's keys (RECIPE.md section 11); the prompts file must describe exactly
 these eight, in this order, or it is refused. Its ``version`` is part of every cached verdict's
-digest and of the report, so a reworded prompt never reuses a verdict of the old wording.
+digest and of the report, so a reworded prompt never reuses a verdict of the old wording; so is a
+fingerprint of the text itself, in case a file is edited without a new version. ``--judge-prompts``
+reads another file of the same shape (a judge with a short context, another wording).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,12 @@ class Prompts:
     version: int
     system: str
     retry: str
+    source: str = str(PROMPTS_FILE)
+
+    @property
+    def fingerprint(self) -> str:
+        """The first 12 hex digits of the SHA-256 of the texts sent to the judge."""
+        return hashlib.sha256((self.system + "\0" + self.retry).encode()).hexdigest()[:12]
 
     def retry_message(self, reason: str) -> str:
         return self.retry.replace("{reason}", reason)
@@ -37,6 +46,8 @@ class Prompts:
 
 def load_prompts(path: Path = PROMPTS_FILE) -> Prompts:
     """The prompts in ``path``; ValueError naming the file and what is wrong with it."""
+    if not Path(path).is_file():
+        raise ValueError(f"prompts file {path}: no such file; copy {PROMPTS_FILE} and edit the copy.")
     data = yaml.safe_load(Path(path).read_text())
     need = ("version", "labels", "segmentation", "classification", "answer_format", "retry")
     missing = [k for k in need if not isinstance(data, dict) or k not in data]
@@ -50,4 +61,4 @@ def load_prompts(path: Path = PROMPTS_FILE) -> Prompts:
     labels = "\n".join(f"- {name}: {meaning}" for name, meaning in data["labels"].items())
     system = "\n".join([data["segmentation"].strip(), data["classification"].replace("{labels}", labels).strip(),
                         data["answer_format"].strip()])
-    return Prompts(version=data["version"], system=system, retry=data["retry"].strip())
+    return Prompts(version=data["version"], system=system, retry=data["retry"].strip(), source=str(path))

@@ -4,7 +4,8 @@
 
     {"kind": "apriel_eval_steps", "schema_version": 1, "label", "evaluation", "responses": correct|all,
      "method": {"segmenter": "offline-rules-v1"|"judge", "labels": bool,
-                "judge"?: {model, url, prompts_version, window_chars, windows, cached_windows,
+                "judge"?: {model, url, prompts_version, prompts_file, prompts_fingerprint, window_chars,
+                           windows, cached_windows,
                            throughput: {requests, windows_judged, wall_s, requests_per_s,
                                         completion_tokens, completion_tokens_per_s, attempt_failures}}},
      "tokens": what a token is here,

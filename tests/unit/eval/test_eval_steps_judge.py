@@ -138,3 +138,18 @@ def test_sigkill_mid_run_leaves_no_process_and_a_cache_a_rerun_finishes(tmp_path
         assert done.returncode == 0, done.stderr[-2000:]
         assert len(judge.requests) == 2  # the cached trace is not asked again
     assert read(ev)["benchmarks"]["aime"]["accepted"] == 3
+
+
+def test_another_prompts_file_is_recorded_and_never_reuses_the_cache(tmp_path):
+    from megatron_apriel.eval.steps.prompts import PROMPTS_FILE
+
+    ev = write_evaluation(tmp_path / "ev", "base", {"aime": CASES[1:2]})
+    custom = tmp_path / "short.yaml"
+    custom.write_text(PROMPTS_FILE.read_text().replace("version: 1", "version: 7").replace("verbatim", "exactly"))
+    with FakeJudge() as judge:
+        assert steps(str(ev), *judge_args(judge)) == 0
+        assert steps(str(ev), *judge_args(judge, "--judge-prompts", str(custom))) == 0
+        assert len(judge.requests) == 2  # same trace and judge, other prompts: asked again
+    section = read(ev)["method"]["judge"]
+    assert (section["prompts_version"], section["prompts_file"]) == (7, str(custom))
+    assert len(list((ev / "steps" / "cache").glob("*.json"))) == 2
