@@ -64,7 +64,7 @@ class LaunchConfig:
     gpus_per_node: int = 0
     """GPUs of this machine that the run shares between the vLLM servers (first, each taking its
     --tensor-parallel-size x --pipeline-parallel-size) and the trainer's ranks (the next
-    ``nproc_per_node``); each process gets its own CUDA_VISIBLE_DEVICES (``launch/devices.py``).
+    ``nproc_per_node``); each process gets its own CUDA_VISIBLE_DEVICES (``parallel/devices.py``).
     0: assign none (a CPU machine, or devices handed out by hand)."""
     dry_run: bool = False
     """Print the processes, ranks and resources the run would start, then exit."""

@@ -19,7 +19,7 @@ from typing import Optional
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.fleet.registry import serve_command
-from megatron_apriel.launch.devices import DeviceSplit, split_devices
+from megatron_apriel.parallel.devices import DeviceSplit, split_devices
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
 from megatron_apriel.run_dir import RunDir
@@ -73,7 +73,7 @@ def server_flags(run: RunConfig, index: Optional[int] = None) -> list[str]:
 
 
 def device_split(run: RunConfig) -> Optional[DeviceSplit]:
-    """This machine's GPUs between the servers the launch starts and the trainer (``launch/devices.py``)."""
+    """This machine's GPUs between the servers the launch starts and the trainer (``parallel/devices.py``)."""
     local_servers = run.fleet.num_servers if run.rollout.source == "fleet" and not run.fleet.servers else 0
     return split_devices(run.launch.gpus_per_node, local_servers, run.fleet.server_args.gpus,
                          run.launch.nproc_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,5 +1,6 @@
-"""Process groups and rank arithmetic. The only package (with model/wrap and weight_sync) that
-reads Megatron's parallel state; everything else receives a ``ParallelContext``.
+"""Process groups and rank arithmetic, and which GPUs each process of a node gets (``devices.py``).
+The only package (with model/wrap and weight_sync) that reads Megatron's parallel state; everything
+else receives a ``ParallelContext``.
 
 ``ParallelConfig`` and ``ParallelDims`` are pure Python (the run's config and the sizing tool
 read them without torch); the groups, which import torch, are loaded on first use."""

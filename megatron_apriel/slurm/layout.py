@@ -3,7 +3,7 @@ from its config and checked against it before submission and again inside the jo
 
 Two shapes: the trainer and the fleet on nodes of their own (a heterogeneous job, or a plain one
 whose first ``launch.nnodes`` nodes train); or, with ``launch.gpus_per_node > 0``, one node that
-they share, its GPUs split as the local launch splits them (``launch/devices.py``)."""
+they share, its GPUs split as the local launch splits them (``parallel/devices.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron_apriel.config import RunConfig
-from megatron_apriel.launch.devices import DeviceSplit, split_devices
+from megatron_apriel.parallel.devices import DeviceSplit, split_devices
 from megatron_apriel.parallel.dims import ParallelDims
 
 ONE_NODE_ENV = "APRIEL_ONE_NODE"

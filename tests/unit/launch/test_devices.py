@@ -9,7 +9,7 @@ import pytest
 
 from megatron_apriel.config import compose_config, to_run_config
 from megatron_apriel.launch.components import Component, components
-from megatron_apriel.launch.devices import DeviceSplit, split_devices
+from megatron_apriel.parallel.devices import DeviceSplit, split_devices
 from tests.unit.launch.test_launch import apriel_train
 
 
