@@ -101,7 +101,8 @@ class ServerArgs:
 
 @dataclass(kw_only=True)
 class DriftGateConfig:
-    """Takes a server whose numeric drift is too large out of the fleet (docs/mismatch.md "The drift gate")."""
+    """Takes a server whose numeric drift (or MoE routing mismatch) is too large out of the fleet
+    (docs/mismatch.md "The drift gate")."""
 
     enabled: bool = False
     max_drift: float = 0.1
@@ -109,6 +110,11 @@ class DriftGateConfig:
     trips. Published bf16 drift is 0.03-0.04 (RECIPE.md section 10); fp32 on a CPU is ~2e-7."""
     window_tokens: int = 4096
     """Fresh tokens of a server that are judged together (a window ends at the first step that fills it)."""
+    max_routing_mismatch: Optional[float] = None
+    """Mixture of experts: the share of a server's compared (fresh token, MoE layer) pairs whose
+    expert set differs from the trainer's own, over the same window, above which it trips too
+    (``mismatch/server/<host:port>/routing_mismatch``). Null: routing is not judged. fp32 on a CPU
+    gives 0; near-tied router scores flip under bf16, so measure a healthy run's figure first."""
     before_trip: str = "train"
     """Its tokens in the stream from before the trip: train (with loss.correction, whatever it is) or
     drop. Counted either way (rollout/groups_from_tripped)."""
@@ -117,6 +123,9 @@ class DriftGateConfig:
         if self.max_drift <= 0 or self.window_tokens < 1:
             raise ValueError(f"fleet.drift_gate.max_drift must be > 0 and window_tokens >= 1, got "
                              f"{self.max_drift}, {self.window_tokens}.")
+        if self.max_routing_mismatch is not None and not 0 <= self.max_routing_mismatch < 1:
+            raise ValueError(f"fleet.drift_gate.max_routing_mismatch={self.max_routing_mismatch}: a share in [0, 1), "
+                             "or null not to judge routing.")
         check_choice("fleet.drift_gate.before_trip", self.before_trip, BeforeTrip)
 
 

@@ -10,7 +10,9 @@ group_topk, default_compute_topk)``). The tap always computes the router's own t
   a row with ``-1`` (a token vLLM never routed: the last sampled one, padding) keeps its own choice;
 - counts, per MoE layer, the tokens each expert received (the experts used: replayed ones when
   replaying) and, on the positions the micro-batch marks ``fresh``, how often the router's own
-  top-k *set* differs from vLLM's (the routing mismatch, measured whether replay is on or off).
+  top-k *set* differs from vLLM's (the routing mismatch, measured whether replay is on or off),
+  also per sequence of each micro-batch (the trainer adds them up by the server that generated
+  the sequence: each server's routing mismatch).
 
 Token order inside a router: Megatron flattens hidden states ``[S, b, H]`` sequence-first, so row
 ``s * b + i`` is position ``s`` of row ``i``; under sequence parallelism a tensor-parallel rank
@@ -81,18 +83,26 @@ class StageRouting:
         n = len(moe_layers)
         self.counts = {"expert_tokens": torch.zeros(n, num_experts), "tokens": torch.zeros(n),
                        "mismatch": torch.zeros(n), "compared": torch.zeros(n)}
+        self.per_sequence: list[torch.Tensor] = []
+        """Per training micro-batch, in forward order: ``[n_seq, 2]`` fp64 (mismatched, compared)
+        (token, MoE layer) pairs of each of its sequences, on the device until the step reads them."""
         self.training = False
         self._mb: dict = {}
         self._tp = (1, 0)
 
     def begin(self, *, routing: Optional[torch.Tensor], valid: torch.Tensor, fresh: torch.Tensor, training: bool,
-              tp: tuple[int, int] = (1, 0)) -> None:
+              tp: tuple[int, int] = (1, 0), seq: Optional[torch.Tensor] = None, n_seq: int = 0) -> None:
         """Inputs of the next micro-batch's forward: ``routing [b, S, L, k]`` vLLM's experts (``-1``
         where unknown; None: none recorded), ``valid [b, S]`` real tokens, ``fresh [b, S]`` positions
         whose routing the trained weights computed in vLLM; ``tp``: (size, rank) for sequence
-        parallelism."""
+        parallelism; ``seq [b, S]`` each position's sequence among the micro-batch's ``n_seq`` (the
+        per-sequence mismatch counts; None: not kept)."""
         self.training, self._tp = training, tp
-        self._mb = {"routing": self._tokens(routing), "valid": self._tokens(valid), "fresh": self._tokens(fresh)}
+        self._mb = {"routing": self._tokens(routing), "valid": self._tokens(valid), "fresh": self._tokens(fresh),
+                    "seq": self._tokens(seq)}
+        if training and seq is not None:  # one entry per training micro-batch (zeros when nothing is compared)
+            self._mb["per_seq"] = torch.zeros(n_seq, 2, dtype=torch.float64, device=seq.device)
+            self.per_sequence.append(self._mb["per_seq"])
 
     def end(self) -> None:
         """After the last micro-batch of a schedule: a later forward (e.g. sampling from the model)
@@ -137,6 +147,15 @@ class StageRouting:
         differs = (own_NK.sort(-1).values != vllm_NK.sort(-1).values).any(-1)
         self.counts["mismatch"][layer] += float((differs & compare).sum())
         self.counts["compared"][layer] += float(compare.sum())
+        per_seq = self._mb.get("per_seq")
+        if per_seq is not None:
+            pairs_N2 = torch.stack([differs & compare, compare], dim=1).double()
+            per_seq.index_add_(0, self._mb["seq"].clamp(0, per_seq.shape[0] - 1), pairs_N2)
+
+    def take_sequence_counts(self) -> list[torch.Tensor]:
+        """The per-sequence mismatch counts of this step's training micro-batches (`per_sequence`), then reset."""
+        out, self.per_sequence = self.per_sequence, []
+        return out
 
     def take_counts(self) -> dict[str, torch.Tensor]:
         """This rank's counts since the last call (summed over ranks by the caller), then reset."""

@@ -3,8 +3,10 @@ out of the fleet and restarted, as a crashed one is (docs/mismatch.md "The drift
 
 Each step the trainer measures every server's drift on the tokens it sampled with the weights being
 trained (``mismatch/server/<host:port>/fresh_abs_log_rho``, pure train/inference mismatch: no policy
-change in between). `DriftGate` adds a server's figures up until ``window_tokens`` fresh tokens, then
-judges their mean against ``max_drift``: a server above it trips, one below it passes. A tripped
+change in between) and, for a mixture of experts, its routing mismatch on them
+(``.../routing_mismatch``). `DriftGate` adds a server's figures up until ``window_tokens`` fresh
+tokens, then judges their means against ``max_drift`` (and ``max_routing_mismatch`` when set): a
+server above either trips, one below both passes. A tripped
 server counts as tripped until a later window of it passes; when every server seen has tripped, the
 run stops. What happens to a trip (the log line, the server's retirement, its earlier groups) is the
 trainer's; this class only judges.
@@ -25,6 +27,7 @@ from megatron_apriel.trainer.mismatch import server_key
 log = logging.getLogger("megatron_apriel")
 
 _PREFIX, _DRIFT, _TOKENS = "mismatch/server/", "/fresh_abs_log_rho", "/fresh_tokens"
+_ROUTING, _COMPARED = "/routing_mismatch", "/routing_compared"
 
 
 @dataclass(frozen=True)
@@ -36,19 +39,34 @@ class Trip:
     drift: float
     """Mean |log pi_train - log pi_vllm| over the window, nats per token."""
     tokens: int
+    routing: Optional[float] = None
+    """The window's routing mismatch (share of compared (token, MoE layer) pairs); None: none compared."""
+    pairs: int = 0
 
     def describe(self, cfg: DriftGateConfig) -> str:
-        return (f"server {self.server} (weights version {self.version}) drifted {self.drift:.4g} nats/token over "
-                f"{self.tokens} fresh tokens > fleet.drift_gate.max_drift={cfg.max_drift}")
+        said = [f"drifted {self.drift:.4g} nats/token over {self.tokens} fresh tokens"
+                + (f" > fleet.drift_gate.max_drift={cfg.max_drift}" if self.drift > cfg.max_drift else "")]
+        if self.routing is not None and cfg.max_routing_mismatch is not None:
+            said.append(f"routed {self.routing:.4g} of {self.pairs} (token, MoE layer) pairs to other experts than the "
+                        "trainer" + (f" > fleet.drift_gate.max_routing_mismatch={cfg.max_routing_mismatch}"
+                                     if self.routing > cfg.max_routing_mismatch else ""))
+        return f"server {self.server} (weights version {self.version}) " + "; ".join(said)
+
+    def trips(self, cfg: DriftGateConfig) -> bool:
+        routing = self.routing is not None and cfg.max_routing_mismatch is not None
+        return self.drift > cfg.max_drift or (routing and self.routing > cfg.max_routing_mismatch)
 
 
-def per_server(metrics: dict) -> dict[str, tuple[float, float]]:
-    """``{host:port: (mean drift, fresh tokens)}`` from a step's metrics."""
+def per_server(metrics: dict) -> dict[str, tuple[float, float, float, float]]:
+    """``{host:port: (mean drift, fresh tokens, routing mismatch, compared pairs)}`` from a step's
+    metrics (routing 0 of 0 pairs for a dense model)."""
     out = {}
     for key, value in metrics.items():
         if key.startswith(_PREFIX) and key.endswith(_DRIFT):
             server = key[len(_PREFIX):-len(_DRIFT)]
-            out[server] = (float(value), float(metrics[_PREFIX + server + _TOKENS]))
+            pairs = float(metrics.get(_PREFIX + server + _COMPARED, 0.0))
+            routing = float(metrics[_PREFIX + server + _ROUTING]) if pairs else 0.0
+            out[server] = (float(value), float(metrics[_PREFIX + server + _TOKENS]), routing, pairs)
     return out
 
 
@@ -56,24 +74,26 @@ class DriftGate:
     def __init__(self, cfg: DriftGateConfig):
         self.cfg = cfg
         self.window: dict[str, list[float]] = {}
-        """Per server: the drift summed over the window so far, and its tokens."""
+        """Per server, summed over the window so far: drift x tokens, fresh tokens, mismatched pairs,
+        compared pairs."""
         self.seen: set[str] = set()
         self.tripped: set[str] = set()
 
     def observe(self, metrics: dict, version: int) -> list[Trip]:
         """Add one step's per-server figures; the servers that trip now."""
         trips = []
-        for server, (drift, tokens) in sorted(per_server(metrics).items()):
+        for server, (drift, tokens, routing, pairs) in sorted(per_server(metrics).items()):
             self.seen.add(server)
-            window = self.window.setdefault(server, [0.0, 0.0])
-            window[0] += drift * tokens
-            window[1] += tokens
+            window = self.window.setdefault(server, [0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate((drift * tokens, tokens, routing * pairs, pairs)):
+                window[i] += value
             if window[1] < self.cfg.window_tokens:
                 continue
-            mean = window[0] / window[1]
             del self.window[server]
-            if mean > self.cfg.max_drift:
-                trips.append(Trip(server, version, mean, int(window[1])))
+            judged = Trip(server, version, window[0] / window[1], int(window[1]),
+                          window[2] / window[3] if window[3] else None, int(window[3]))
+            if judged.trips(self.cfg):
+                trips.append(judged)
                 self.tripped.add(server)
             else:
                 self.tripped.discard(server)
@@ -123,6 +143,7 @@ class FleetGate:
     def _stop_reason(self, trips: list[Trip]) -> str:
         named = "; ".join(t.describe(self.cfg) for t in trips)
         return (f"drift gate: every server of the fleet ({sorted(self.gate.seen)}) tripped since it last passed "
-                f"({named}). The engines disagree with the trainer beyond fleet.drift_gate.max_drift: check the "
-                "servers' precision (--dtype and FP8 in fleet.vllm_args) and the weight updates (sync/accepted), "
-                "or raise max_drift; the last step is saved, so the same command resumes.")
+                f"({named}). The engines disagree with the trainer beyond fleet.drift_gate.max_drift (or "
+                "max_routing_mismatch): check the servers' precision (--dtype and FP8 in fleet.vllm_args) and the "
+                "weight updates (sync/accepted), or raise the threshold; the last step is saved, so the same command "
+                "resumes.")

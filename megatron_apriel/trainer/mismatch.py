@@ -1,8 +1,11 @@
-"""Train/inference mismatch per server: each server's fresh-token drift over a step.
+"""Train/inference mismatch per server: each server's fresh-token drift and, for a mixture of
+experts, its routing mismatch over a step.
 
 The loss gives, per sequence, the drift summed over its fresh tokens (`fresh_drift_by_sequence`,
 pure); the step adds these up by the server that generated each sequence, over its micro-batches
-and the ranks that hold other sequences (`server_drift`).
+and the ranks that hold other sequences (`server_drift`). The MoE routing taps count, per sequence,
+the (fresh token, MoE layer) pairs whose expert set differs from vLLM's (`model.routing`); the step
+adds them up by server over every rank (`server_routing`: pipeline stages hold other layers).
 """
 
 from __future__ import annotations
@@ -35,6 +38,19 @@ def server_key(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
 
 
+def _merge(rows: list[tuple[str, float, float]], group) -> dict[str, list[float]]:
+    """``(server, a, b)`` rows of every rank of ``group`` (None: this rank's alone), summed per server."""
+    everyone = [rows]
+    if group is not None:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, rows, group=group)
+    merged: dict[str, list[float]] = {}
+    for server, a, b in (row for part in everyone for row in part):
+        total = merged.setdefault(server, [0.0, 0.0])
+        total[0], total[1] = total[0] + a, total[1] + b
+    return merged
+
+
 def server_drift(per_mb: list[dict], microbatches: list[MicroBatch], group) -> dict[str, float]:
     """Each server's fresh-token drift over the step: mean |log pi - log mu| on the tokens it sampled
     with the weights being trained (``mismatch/server/<host:port>/fresh_abs_log_rho``, ``.../fresh_tokens``),
@@ -42,16 +58,25 @@ def server_drift(per_mb: list[dict], microbatches: list[MicroBatch], group) -> d
     other parts of them)."""
     mine = [(server, drift, tokens) for m, mb in zip(per_mb, microbatches)
             for server, (drift, tokens) in zip(mb.servers, m.pop(PER_SEQ_FRESH).tolist()) if server and tokens]
-    everyone = [mine]
-    if group is not None:
-        everyone = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, mine, group=group)
-    merged: dict[str, list[float]] = {}
-    for server, drift, tokens in (row for part in everyone for row in part):
-        total = merged.setdefault(server, [0.0, 0.0])
-        total[0], total[1] = total[0] + drift, total[1] + tokens
     out = {}
-    for server, (drift, tokens) in sorted(merged.items()):
+    for server, (drift, tokens) in sorted(_merge(mine, group).items()):
         out[f"mismatch/server/{server_key(server)}/fresh_abs_log_rho"] = drift / tokens
         out[f"mismatch/server/{server_key(server)}/fresh_tokens"] = tokens
+    return out
+
+
+def server_routing(per_mb: list[torch.Tensor], microbatches: list[MicroBatch]) -> dict[str, float]:
+    """Each server's routing mismatch over the step: the share of compared (fresh token, MoE layer)
+    pairs whose top-k set from vLLM differs from the trainer's own
+    (``mismatch/server/<host:port>/routing_mismatch``, ``.../routing_compared``). ``per_mb``: the
+    routing taps' per-sequence counts of this rank's training micro-batches, in their order; summed
+    over every rank (a collective: every rank calls it). Under tensor parallelism without sequence
+    parallelism each TP rank counts the same pairs, which leaves the share unchanged."""
+    mine = [(server, mismatched, compared) for counts, mb in zip(per_mb, microbatches)
+            for server, (mismatched, compared) in zip(mb.servers, counts.tolist()) if server and compared]
+    out = {}
+    world = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+    for server, (mismatched, compared) in sorted(_merge(mine, world).items()):
+        out[f"mismatch/server/{server_key(server)}/routing_mismatch"] = mismatched / compared
+        out[f"mismatch/server/{server_key(server)}/routing_compared"] = compared
     return out

@@ -16,7 +16,7 @@ from megatron_apriel.trainer.batch import MicroBatch
 from megatron_apriel.trainer.config import LOGPROB_CHUNK_TOKENS, LossConfig
 from megatron_apriel.trainer.logprobs import chunked_head_logprobs, vocab_parallel_logprobs
 from megatron_apriel.trainer.loss import METRIC_REDUCTIONS, LossInputs, finalize_metrics, policy_loss
-from megatron_apriel.trainer.mismatch import PER_SEQ_FRESH, fresh_drift_by_sequence, server_drift
+from megatron_apriel.trainer.mismatch import PER_SEQ_FRESH, fresh_drift_by_sequence, server_drift, server_routing
 
 
 def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None, ctx: Optional[ParallelContext] = None,
@@ -26,7 +26,7 @@ def forward_logits(model, mb: MicroBatch, routing: Optional[StageRouting] = None
     ``routing``: a MoE stage's taps, told this micro-batch's routing inputs first."""
     if routing is not None:
         routing.begin(routing=mb.routing, valid=mb.valid, fresh=mb.fresh, training=training,
-                      tp=(ctx.dims.tp, ctx.tp_rank))
+                      tp=(ctx.dims.tp, ctx.tp_rank), seq=mb.seq, n_seq=len(mb.advantages))
     packed = mb.packed_seq_params()
     with emitting_hidden(model, hidden):
         return model(mb.tokens, mb.position_ids, None, packed_seq_params=packed)
@@ -133,6 +133,7 @@ def train_step(chunks, microbatches: list[MicroBatch], *, optimizer, scheduler, 
     scheduler.step(increment=1)
     metrics = {"train/grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "train/lr": lr}
     if routing is not None:
+        metrics.update(server_routing(routing.take_sequence_counts(), microbatches))
         metrics.update(routing_metrics(sum_over_world(routing.take_counts()), chunks[0].config.moe_router_topk))
     if ctx.is_last_stage:
         # CP ranks hold parts of the same sequences: their sums add up like DP ranks'

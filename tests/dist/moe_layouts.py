@@ -66,6 +66,10 @@ def routed_experts(arch: ModelArch, n: int, rng: np.random.Generator) -> np.ndar
     return out
 
 
+SERVERS = ("http://10.0.0.1:8000", "http://10.0.0.2:8001")
+"""The servers the samples say generated them (samples 0, 2, 3, 5, 6 the first; 1, 4, 7 the second)."""
+
+
 def samples(arch: ModelArch) -> list[TrainSample]:
     g = torch.Generator().manual_seed(1)
     rng = np.random.default_rng(2)
@@ -75,7 +79,7 @@ def samples(arch: ModelArch) -> list[TrainSample]:
         toks = torch.randint(0, arch.vocab_size, (plen + clen,), generator=g).tolist()
         old = (-torch.rand(clen, generator=g) * 3 - 2.5).tolist()
         out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5),
-                               routing=routed_experts(arch, plen + clen, rng)))
+                               routing=routed_experts(arch, plen + clen, rng), server=SERVERS[i % 3 % 2]))
     return out
 
 

@@ -36,8 +36,9 @@ def figures(**servers) -> dict:
 
 
 def test_the_figures_are_read_back_per_server():
-    assert per_server(figures(a_1=(0.2, 10), b_2=(0.0, 3)) | {"train/loss": 1.0}) == {"a:1": (0.2, 10),
-                                                                                          "b:2": (0.0, 3)}
+    assert per_server(figures(a_1=(0.2, 10), b_2=(0.0, 3)) | {"train/loss": 1.0}) == {"a:1": (0.2, 10, 0.0, 0.0),
+                                                                                          "b:2": (0.0, 3, 0.0, 0.0)}
+    assert per_server(routed(a_1=(0.2, 10, 0.5, 20))) == {"a:1": (0.2, 10, 0.5, 20)}
 
 
 def test_a_window_is_judged_once_full_on_the_token_weighted_mean():
@@ -65,7 +66,37 @@ def test_the_run_stops_only_once_every_server_seen_has_tripped():
     assert gate.every_server_tripped
 
 
+def routed(**servers) -> dict:
+    """A MoE step's per-server metrics: name=(mean drift, fresh tokens, routing mismatch, compared pairs)."""
+    out = figures(**{name: figs[:2] for name, figs in servers.items()})
+    for name, (_, _, share, pairs) in servers.items():
+        out[f"mismatch/server/{name.replace('_', ':')}/routing_mismatch"] = share
+        out[f"mismatch/server/{name.replace('_', ':')}/routing_compared"] = pairs
+    return out
+
+
+ROUTED = DriftGateConfig(enabled=True, max_drift=0.05, window_tokens=500, max_routing_mismatch=0.1)
+
+
+def test_a_moe_server_trips_on_its_routing_mismatch_over_the_window():
+    gate = DriftGate(ROUTED)
+    assert gate.observe(routed(a_1=(0.001, 300, 0.3, 600)), version=2) == []
+    # routing over the window (0.3 x 600 + 0 x 600) / 1200 = 0.15 > 0.1; drift 0.001 is fine
+    (trip,) = gate.observe(routed(a_1=(0.001, 300, 0.0, 600), b_2=(0.001, 600, 0.05, 1200)), version=3)
+    assert (trip.server, trip.pairs, trip.tokens) == ("a:1", 1200, 600) and trip.routing == pytest.approx(0.15)
+    said = trip.describe(ROUTED)
+    assert "max_routing_mismatch=0.1" in said and "max_drift" not in said and gate.tripped == {"a:1"}
+
+
+def test_routing_exactly_at_the_threshold_passes_and_unset_is_not_judged():
+    assert DriftGate(ROUTED).observe(routed(a_1=(0.001, 500, 0.1, 1000)), version=0) == []
+    assert DriftGate(CFG).observe(routed(a_1=(0.001, 500, 0.9, 1000)), version=0) == []  # max_routing_mismatch null
+    assert DriftGate(ROUTED).observe(figures(a_1=(0.001, 500)), version=0) == []  # a dense server: no routing
+
+
 def test_bad_gate_settings_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match="max_routing_mismatch=1.5"):
+        DriftGateConfig(max_routing_mismatch=1.5)
     with pytest.raises(ValueError, match="max_drift"):
         DriftGateConfig(max_drift=0)
     with pytest.raises(ValueError, match="before_trip"):

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from megatron_apriel.convert.hf_config import hf_config_from_arch
 from megatron_apriel.convert.mapping import canonical_to_hf
-from tests.dist.moe_layouts import ARCHS, GSPO, LAYOUTS, samples
+from tests.dist.moe_layouts import ARCHS, GSPO, LAYOUTS, SERVERS, samples
 from tests.unit.conftest import run_dist
 from tests.unit.trainer.test_loss import reference_gspo
 
@@ -45,9 +45,11 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+PER_SERVER = tuple(f"mismatch/server/{s.split('://')[1]}/routing_{k}" for s in SERVERS
+                   for k in ("mismatch", "compared"))
 METRICS = ("train/loss", "train/grad_norm", "train/clip_fraction", "train/entropy", "train/tokens",
            "train/routing_mismatch", "train/routing_compared", "moe/busiest_expert_share_mean",
-           "moe/busiest_expert_share_max")
+           "moe/busiest_expert_share_max", *PER_SERVER)
 
 
 @pytest.mark.parametrize("name", [n for n, *_ in LAYOUTS if n not in ("ep1", "ep1_free")])
@@ -130,6 +132,7 @@ def _reference(arch, canonical, tmp_path, replay: bool) -> dict:
         layer.mlp.gate = router
     batch = samples(arch)
     seqs, logps, mismatch, compared = [], [], 0, 0
+    by_server = {s: [0, 0] for s in SERVERS}  # (mismatched, compared) pairs of each server's samples
     load = np.zeros((len(routers), arch.num_experts))
     for s in batch:
         for j, router in enumerate(routers):
@@ -142,8 +145,11 @@ def _reference(arch, canonical, tmp_path, replay: bool) -> dict:
         fresh = slice(s.prompt_len - 1, len(s.tokens) - 1)  # the positions that sampled the completion
         for j, router in enumerate(routers):
             vllm = torch.from_numpy(s.routing[fresh, j].astype(np.int64)).sort(-1).values
-            mismatch += int((router.own_NK[fresh].sort(-1).values != vllm).any(-1).sum())
+            differ = int((router.own_NK[fresh].sort(-1).values != vllm).any(-1).sum())
+            mismatch += differ
             compared += vllm.shape[0]
+            by_server[s.server][0] += differ
+            by_server[s.server][1] += vllm.shape[0]
             load[j] += np.bincount(router.used_NK.flatten().numpy(), minlength=arch.num_experts)
     loss = reference_gspo(seqs, torch.tensor([s.advantage for s in batch]), torch.tensor([s.truncated for s in batch]),
                           GSPO.seq_weighting, GSPO.overlong_filtering, eps_low=GSPO.eps_low, eps_high=GSPO.eps_high)
@@ -151,7 +157,7 @@ def _reference(arch, canonical, tmp_path, replay: bool) -> dict:
     grad_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None))
     share = load.max(1) / sum(len(s.tokens) for s in batch)
     return {"logp": logps, "loss": loss.item(), "grad_norm": grad_norm.item(), "mismatch": mismatch / compared,
-            "compared": compared, "share_mean": share.mean(), "share_max": share.max()}
+            "compared": compared, "share_mean": share.mean(), "share_max": share.max(), "by_server": by_server}
 
 
 @pytest.mark.parametrize("replay", [False, True], ids=["free", "replayed"])
@@ -167,5 +173,9 @@ def test_ep1_matches_transformers_on_the_same_weights(results, family, replay, t
     assert m["train/routing_compared"] == ref["compared"]
     assert m["train/routing_mismatch"] == pytest.approx(ref["mismatch"], abs=1e-9)
     assert 0.5 < ref["mismatch"] < 1  # random routing disagrees with the router's own most of the time
+    for server, (differ, pairs) in ref["by_server"].items():  # each server's share, of its own samples' pairs
+        key = f"mismatch/server/{server.split('://')[1]}/routing_"
+        assert m[key + "compared"] == pairs and m[key + "mismatch"] == pytest.approx(differ / pairs, abs=1e-9)
+    assert len({round(differ / pairs, 9) for differ, pairs in ref["by_server"].values()}) == 2  # not one figure
     assert m["moe/busiest_expert_share_mean"] == pytest.approx(ref["share_mean"], abs=1e-6)
     assert m["moe/busiest_expert_share_max"] == pytest.approx(ref["share_max"], abs=1e-6)
