@@ -4,7 +4,12 @@ once with the offline segmenter and once with the fake judge of the tests (keywo
 
     python -m tools.steps_demo docs    # writes docs/steps_offline.png and docs/steps_judged.png
 
-The traces are written here, not sampled: they show what the tool draws, not a result.
+The traces are written here, not sampled: they show what the tool draws, not a result. With
+``--evals BASE TRAINED`` (two ``apriel-eval run`` outputs, e.g. the tiny model's base and its RL
+checkpoint) the same two figures are drawn from their sampled responses, every one (``--all``), as
+``steps_tiny_{offline,judged}.png``:
+
+    python -m tools.steps_demo docs --evals evals/base evals/step_00000040
 """
 
 from __future__ import annotations
@@ -32,20 +37,29 @@ def traces(template: str, extras: tuple[str, str]) -> list[tuple[str, bool]]:
             for i, (a, b) in enumerate(SUMS)]
 
 
-def main(out: Path) -> None:
+def draw(evals: list[str], tmp: str, out: Path, prefix: str) -> None:
+    """``--compare`` of ``evals`` (base, trained, options), offline and with the fake judge."""
+    assert apriel_eval(["steps", "--compare", *evals, "--out", f"{tmp}/offline"]) == 0
+    with FakeJudge() as judge:
+        assert apriel_eval(["steps", "--compare", *evals, "--out", f"{tmp}/judged", "--judge-url", judge.url,
+                            "--judge-model", "fake-judge"]) == 0
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in ("offline", "judged"):
+        (out / f"{prefix}_{kind}.png").write_bytes(Path(tmp, kind, "steps_sums.png").read_bytes())
+        print(f"wrote {out / f'{prefix}_{kind}.png'}")
+
+
+def main(out: Path, sampled: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        if sampled:  # analysed where they are: the reports and the verdict cache go beside them
+            draw([*sampled, "--all", "--labels", "base", "rl", "--no-progress"], tmp, out, "steps_tiny")
+            return
         base = write_evaluation(Path(tmp) / "base", "base", {"sums": traces(BASE, BASE_EXTRA)})
         trained = write_evaluation(Path(tmp) / "trained", "trained", {"sums": traces(TRAINED, TRAINED_EXTRA)})
-        evals = [str(base), str(trained), "--no-progress", "--tokenizer", "whitespace"]
-        assert apriel_eval(["steps", "--compare", *evals, "--out", f"{tmp}/offline"]) == 0
-        with FakeJudge() as judge:
-            assert apriel_eval(["steps", "--compare", *evals, "--out", f"{tmp}/judged", "--judge-url", judge.url,
-                                "--judge-model", "fake-judge"]) == 0
-        out.mkdir(parents=True, exist_ok=True)
-        for kind in ("offline", "judged"):
-            (out / f"steps_{kind}.png").write_bytes(Path(tmp, kind, "steps_sums.png").read_bytes())
-            print(f"wrote {out / f'steps_{kind}.png'}")
+        draw([str(base), str(trained), "--no-progress", "--tokenizer", "whitespace"], tmp, out, "steps")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))
+    args = sys.argv[1:]
+    evals = args[args.index("--evals") + 1:args.index("--evals") + 3] if "--evals" in args else []
+    main(Path(args[0] if args and args[0] != "--evals" else "docs"), evals)
