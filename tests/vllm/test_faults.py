@@ -237,7 +237,7 @@ def test_the_actor_counts_and_the_data_order_match_the_stream(faulty):
     assert sorted(re.findall(r"(server_\d+) exited with code -9", faulty.err)) == ["server_0", "server_1"]
 
 
-def test_a_server_killed_mid_update_is_restarted_and_serves_current_weights(faulty):
+def test_a_server_killed_mid_update_is_restarted_and_the_fleet_reconnected(faulty):
     """Launch 3: the fleet's one server died while the trainer was sending to it."""
     run = faulty.run
     assert "server_0 exited with code -9; restarting it" in faulty.err3
@@ -246,8 +246,11 @@ def test_a_server_killed_mid_update_is_restarted_and_serves_current_weights(faul
     assert again.instance != faulty.killed.instance and again.pid != faulty.killed.pid
     third = rows(run)[faulty.third_rows:]
     assert third[-1]["step"] == STEPS - 1 and third[-1]["sync/reconnects"] >= 1
-    # the restarted server served the rest of the run (with current weights: see the stream test above)
-    assert any(r.server == again.url for g in stream(run / "rollouts") for r in g.rollouts)
+    # Not asserted: that the restarted server served any of launch 3's groups. That is a race: launch 3
+    # resumes from an earlier checkpoint and retrains bitwise the weights launch 2 had pushed, so the
+    # groups launch 2's actor streamed ahead (sampled with those very weights) may cover every step it
+    # has left (stop 47: none of its groups came from the restarted server, none from the killed one).
+    # Whatever it did serve was sampled with current weights: the stream test above.
 
 
 def test_a_full_disk_under_the_stream_stops_the_run_cleanly(tmp_path, tiny_base):
