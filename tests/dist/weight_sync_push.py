@@ -1,11 +1,13 @@
-"""A 2-rank Megatron trainer (TP=2 or PP=2) that pushes weights to a running vLLM server.
+"""A 2-rank Megatron trainer (TP=2 or PP=2; EP=2 for a mixture of experts) that pushes weights to a
+running vLLM server.
 
-Launched by tests/vllm/test_weight_sync_vllm.py as
-``torchrun --nproc_per_node 2 weight_sync_push.py --layout tp2|pp2 --server URL --model DIR --work DIR``.
+Launched by tests/vllm/test_weight_sync_vllm.py (and, EP 2 with ``--pushes 1``, by
+tests/vllm/test_moe_routes_across_versions.py) as
+``torchrun --nproc_per_node 2 weight_sync_push.py --layout tp2|pp2|ep2 --server URL --model DIR --work DIR``.
 Steps, each gated by a file the test writes into ``--work`` (so it can run requests around them):
 1. connect, write ``ready``;
 2. on ``go1``: load perturbed weights, push them as ``--version``, save the trainer's log-probs of
-   the fixed prompts and the report to ``step1.pt``, write ``done1``;
+   the fixed prompts and the report to ``step1.pt``, write ``done1`` (``--pushes 1``: then exit);
 3. on ``go2``: load other weights, push them as ``--version + 1`` with one byte flipped on the wire
    after its checksum was taken (tp2: in a direct bucket, the zero-copy path; pp2: in a packed
    one), save the report to ``step2.pt``, write ``done2``.
@@ -17,9 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
-
-from megatron_apriel.convert.mapping import hf_to_canonical
+from megatron_apriel.convert.hf_io import HFReader
+from megatron_apriel.convert.mapping import detect_layout, hf_to_canonical
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.model.state import load_full_state_dict
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
@@ -40,6 +41,15 @@ def wait_for(path: Path, timeout_s: float = 300.0) -> None:
         time.sleep(0.05)
 
 
+def base_canonical(model_dir: str, arch: ModelArch) -> dict:
+    """The served checkpoint's tensors, canonical (any key layout: a MoE's experts stacked or not)."""
+    reader = HFReader(model_dir)
+    layout = detect_layout(reader.files.keys(), reader.config)
+    with reader:
+        hf = {name: reader.get(key) for key in reader.files if (name := layout.to_plain(key)) is not None}
+    return hf_to_canonical(hf, arch), layout
+
+
 def perturbed(canonical: dict, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in canonical.items()}
@@ -58,7 +68,8 @@ def trainer_logprobs(model, ctx, vocab_size: int) -> list[list[float]]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", choices=["tp2", "pp2"], required=True)
+    ap.add_argument("--layout", choices=["tp2", "pp2", "ep2"], required=True)
+    ap.add_argument("--pushes", type=int, choices=[1, 2], default=2, help="1: the first push only")
     ap.add_argument("--server", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--work", required=True)
@@ -68,16 +79,16 @@ def main():
     ap.add_argument("--direct-bytes", type=int, default=256 * 1024)  # the tiny model's embedding and lm_head
     args = ap.parse_args()
     work = Path(args.work)
-    tp, pp = (2, 1) if args.layout == "tp2" else (1, 2)
-    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp))
+    tp, pp, ep = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "ep2": (1, 1, 2)}[args.layout]
+    ctx = init_parallel(ParallelConfig(tp=tp, pp=pp, ep=ep))
     arch = ModelArch.from_hf_dir(args.model)
     model = build_model(ModelConfig(hf_path=args.model), ctx)
-    base = hf_to_canonical(load_file(str(Path(args.model) / "model.safetensors")), arch)
+    base, layout = base_canonical(args.model, arch)
     sender = WeightSender(WeightSyncConfig(bucket_bytes=args.bucket_bytes, direct_bytes=args.direct_bytes,
                                            advertise_host="127.0.0.1",
                                            base_port=args.port, timeout_s=120),
                           members=[args.server], model=model, ctx=ctx, vocab_size=arch.vocab_size,
-                          to_hf=table_to_hf(arch))
+                          to_hf=table_to_hf(arch, layout))
     sender.ensure_connected()
     rank = dist.get_rank()
     if rank == 0:
@@ -92,6 +103,10 @@ def main():
     if rank == 0:
         torch.save({"report": report.model_dump(), "logprobs": [g for g in gathered if g][0]}, work / "step1.pt")
         (work / "done1").touch()
+    if args.pushes == 1:
+        sender.close()
+        destroy_parallel()
+        return
 
     wait_for(work / "go2")
     load_full_state_dict(model, perturbed(base, args.version + 1), ctx)

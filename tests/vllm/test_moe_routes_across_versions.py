@@ -1,0 +1,116 @@
+"""Routing replay for a completion that spans two weight versions (docs/moe.md, "A completion that
+spans two weight versions"), on a real vLLM: a tiny Qwen3-MoE served by apriel-serve with
+``--return-routed-experts``, new weights pushed by an expert-parallel trainer (EP 2, each rank its
+own experts) while long requests decode.
+
+Each position's recorded route is the one of the last forward that computed it. The weight update
+pauses the engine with ``/pause?mode=keep``, whose default ``clear_cache=true`` resets the running
+requests (vLLM 0.32: ``EngineCore._reset_caches(reset_running_requests=True)``): after the update
+they compute their whole prefix again, with the new weights. So a completion that spans the update
+carries the new weights' routes at every position, the prompt and the tokens sampled before the
+update included, and the tokens sampled after it were computed over a key/value cache of the new
+weights only. The reference is transformers with the new weights over the whole sequence.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.records.weights import parse_version_label
+from tests.vllm.test_weight_sync_vllm import ROOT, start_held_requests, wait_for
+
+sys.path.insert(0, str(ROOT / "tests" / "dist"))
+from weight_sync_push import base_canonical, perturbed  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+VERSION = 1
+REQUESTS = 4
+
+
+@pytest.fixture(scope="module")
+def moe_server(tmp_path_factory):
+    from megatron_apriel.fleet.registry import start_server
+    from megatron_apriel.tiny.model import TinySpec, build_tiny_model
+
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny_moe"), TinySpec(num_experts=4))
+    server = start_server(str(model), free_port(), tmp_path_factory.mktemp("moe_vllm") / "server.log",
+                          extra_args=["--max-model-len", "512", "--max-num-seqs", "8", "--return-routed-experts"])
+    try:
+        server.wait_healthy(timeout_s=240)
+        yield server, model
+    finally:
+        server.stop()
+
+
+def push_during_requests(url: str, model: Path, work: Path) -> list:
+    """EP 2 pushes the weights of version ``VERSION`` while ``REQUESTS`` long requests decode."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(free_port()),
+           str(ROOT / "tests" / "dist" / "weight_sync_push.py"), "--layout", "ep2", "--server", url, "--model",
+           str(model), "--work", str(work), "--version", str(VERSION), "--port", str(free_port()), "--pushes", "1"]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        wait_for(work / "ready", proc)
+        completions: list = []
+        thread = start_held_requests(url, REQUESTS, completions)
+        (work / "go1").touch()
+        wait_for(work / "done1", proc)
+        thread.join(120)
+        assert torch.load(work / "step1.pt")["report"]["accepted"]
+        assert proc.wait(60) == 0, proc.stdout.read()[-4000:]
+        return completions
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def hf_routes(model, tokens: list[int]) -> np.ndarray:
+    """``[len(tokens) - 1, layers, k]`` sorted top-k experts of each position under ``model``."""
+    from tests.unit.trainer.test_moe_layouts import _Router
+
+    routers = []
+    for layer in model.model.layers:
+        routers.append(_Router(layer.mlp.gate.weight, model.config.num_experts_per_tok, model.config.norm_topk_prob))
+        layer.mlp.gate = routers[-1]
+    with torch.no_grad():
+        model(torch.tensor(tokens[:-1])[None])  # the last token was sampled, never run
+    return np.stack([r.own_NK.sort(-1).values.numpy() for r in routers], axis=1)
+
+
+def test_a_completion_spanning_an_update_carries_the_new_weights_routes_everywhere(moe_server, tmp_path):
+    from megatron_apriel.model import ModelArch
+    from tests.unit.trainer.test_moe_layouts import _hf_model
+
+    server, model = moe_server
+    previous = parse_version_label(httpx.get(server.url + "/weight_info").json()["weight_version"])
+    completions = push_during_requests(server.url, model, tmp_path)
+    spanning = [c for c in completions if c.versions_seen == sorted({previous, VERSION})]
+    assert spanning, [c.versions for c in completions]
+
+    arch = ModelArch.from_hf_dir(str(model))
+    base, _ = base_canonical(str(model), arch)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    moved = 0
+    for i, c in enumerate(spanning):
+        tokens = c.prompt_token_ids + c.token_ids
+        got = np.sort(c.routed_experts.array().astype(np.int64), axis=-1)
+        assert got.shape[0] == len(tokens) - 1
+        new = hf_routes(_hf_model(arch, perturbed(base, VERSION), tmp_path / "new"), tokens)
+        differs = (got != new).any(-1)  # [positions, layers]
+        assert not differs.any(), f"completion {i} ({c.versions}): {int(differs.sum())} (position, layer) routes " \
+                                  f"differ from the new weights', first at {np.argwhere(differs)[:5].tolist()}"
+        old = hf_routes(_hf_model(arch, base, tmp_path / "old"), tokens)
+        before = len(c.prompt_token_ids) + c.versions[1].start - 1  # positions the old weights computed first
+        moved += int((old[:before] != new[:before]).any(-1).sum())
+    # the update moved routes of positions the old weights had computed: the recomputation is visible
+    assert moved > 0
