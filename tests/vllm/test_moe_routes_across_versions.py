@@ -13,7 +13,6 @@ weights only. The reference is transformers with the new weights over the whole 
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.records.weights import parse_version_label
-from tests.vllm.test_weight_sync_vllm import ROOT, start_held_requests, wait_for
+from tests.vllm.test_weight_sync_vllm import ROOT, start_held_requests, start_pusher, wait_for
 
 sys.path.insert(0, str(ROOT / "tests" / "dist"))
 from weight_sync_push import base_canonical, perturbed  # noqa: E402
@@ -51,12 +50,7 @@ def moe_server(tmp_path_factory):
 
 def push_during_requests(url: str, model: Path, work: Path) -> list:
     """EP 2 pushes the weights of version ``VERSION`` while ``REQUESTS`` long requests decode."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(free_port()),
-           str(ROOT / "tests" / "dist" / "weight_sync_push.py"), "--layout", "ep2", "--server", url, "--model",
-           str(model), "--work", str(work), "--version", str(VERSION), "--port", str(free_port()), "--pushes", "1"]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = start_pusher("ep2", url, str(model), work, VERSION, "--pushes", "1")
     try:
         wait_for(work / "ready", proc)
         completions: list = []

@@ -120,16 +120,21 @@ def run_in_flight(url: str, n: int, results: list, transport=None) -> threading.
     return thread
 
 
+def start_pusher(layout: str, url: str, model: str, work: Path, version: int, *extra: str) -> subprocess.Popen:
+    """tests/dist/weight_sync_push.py on 2 ranks, in a session of its own (killed as a group)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(free_port()),
+           str(ROOT / "tests" / "dist" / "weight_sync_push.py"), "--layout", layout, "--server", url,
+           "--model", str(model), "--work", str(work), "--version", str(version), "--port", str(free_port()), *extra]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
 @pytest.mark.parametrize("layout,version", [("tp2", 1), ("pp2", 3)])
 def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server, tiny_model_dir, tmp_path):
     url = vllm_server.url
     previous = parse_version_label(httpx.get(url + "/weight_info").json()["weight_version"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port", str(free_port()),
-           str(ROOT / "tests" / "dist" / "weight_sync_push.py"), "--layout", layout, "--server", url,
-           "--model", tiny_model_dir, "--work", str(tmp_path), "--version", str(version), "--port", str(free_port())]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = start_pusher(layout, url, tiny_model_dir, tmp_path, version)
     try:
         wait_for(tmp_path / "ready", proc)
         completions: list = []

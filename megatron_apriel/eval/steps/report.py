@@ -31,20 +31,18 @@ def _num(x, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _pct(entry: dict | None) -> str:
-    if not entry:
-        return "-"
+def _ci(entry: dict, scale: float = 1.0) -> str:
+    """`` [low, high]`` of ``entry["ci95"]`` times ``scale``; empty when there is none."""
     low, high = entry["ci95"]
-    ci = f" [{100 * low:.1f}, {100 * high:.1f}]" if low is not None else ""
-    return f"{100 * entry['share']:.1f}{ci}"
+    return f" [{scale * low:.1f}, {scale * high:.1f}]" if low is not None else ""
+
+
+def _pct(entry: dict | None) -> str:
+    return f"{100 * entry['share']:.1f}{_ci(entry, 100)}" if entry else "-"
 
 
 def _stat(entry: dict | None) -> str:
-    if not entry:
-        return "-"
-    low, high = entry["ci95"]
-    ci = f" [{low:.1f}, {high:.1f}]" if low is not None else ""
-    return f"{_num(entry['mean'])}{ci} / {_num(entry['median'])}"
+    return f"{_num(entry['mean'])}{_ci(entry)} / {_num(entry['median'])}" if entry else "-"
 
 
 COLUMNS = ("benchmark", "responses", "failed", "steps/response mean [CI] / median", "tokens/step mean [CI] / median",
