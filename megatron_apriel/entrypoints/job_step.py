@@ -34,7 +34,7 @@ from pathlib import Path
 
 from megatron_apriel.config import launch_config, load_run_config, save_run_config
 from megatron_apriel.refusals import REFUSALS, refuse
-from megatron_apriel.slurm.layout import ONE_NODE_ENV, one_node_split
+from megatron_apriel.slurm.layout import ONE_NODE_ENV, node_address, one_node_split
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,14 +75,6 @@ def prepare(run, args) -> None:
         print(f"prepare: one node, {run.launch.gpus_per_node} GPUs (positions in each step's CUDA_VISIBLE_DEVICES): "
               f"servers {' | '.join(split.servers)}, trainer {split.trainer}"
               + (f", idle {','.join(split.idle)}" if split.idle else ""), flush=True)
-
-
-def node_address(addrs: str, node: str) -> str:
-    """``node``'s address in ``APRIEL_NODE_ADDRS`` ("n1=10.0.0.1 n2=10.0.0.2")."""
-    table = dict(pair.split("=", 1) for pair in addrs.split())
-    if node not in table:
-        raise ValueError(f"node {node} is not in APRIEL_NODE_ADDRS={addrs!r} (set by slurm/train.sbatch).")
-    return table[node]
 
 
 def gpu_slice(local_id: int, servers_per_node: int, gpus_per_node: int, visible: str | None) -> str:

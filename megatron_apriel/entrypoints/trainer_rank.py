@@ -17,6 +17,7 @@ settings, to ``Trainer``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Optional
 
 from megatron_apriel.config import RunConfig, load_run_config
 from megatron_apriel.logs import setup_logging
-from megatron_apriel.slurm.layout import ONE_NODE_ENV, one_node_split
+from megatron_apriel.slurm.layout import ONE_NODE_ENV, job_node_address, one_node_split
 from megatron_apriel.stop import STOP_FILE_ENV, StopFlag
 
 log = logging.getLogger("megatron_apriel")
@@ -78,10 +79,13 @@ def build_sender(run: RunConfig, ctx, parts, stop: StopFlag):
     from megatron_apriel.weight_sync.gather import table_to_hf
     from megatron_apriel.weight_sync.sender import WeightSender
 
+    cfg = run.weight_sync
+    if cfg.advertise_host is None and (addr := job_node_address(os.environ)):  # what the job's servers reach
+        cfg = dataclasses.replace(cfg, advertise_host=addr)
     served = HFReader(run.model.hf_path)
     layout = detect_layout(served.files.keys(), served.config)  # the served checkpoint's own key layout
     members = fleet_members(run, stop) if ctx.rank == 0 else []
-    return WeightSender(run.weight_sync, members=members, model=parts.chunks[0].module, ctx=ctx,
+    return WeightSender(cfg, members=members, model=parts.chunks[0].module, ctx=ctx,
                         vocab_size=parts.arch.vocab_size, to_hf=table_to_hf(parts.arch, layout),
                         should_stop=lambda: stop.requested)
 

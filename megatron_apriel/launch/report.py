@@ -42,7 +42,9 @@ def describe(run: RunConfig, components: list[Component]) -> str:
                      f"mix {run.actor.sampler.mix} (actor.sampler.count={run.actor.sampler.count})"
                      f"{', routing replay' if run.rollout.routing_replay and dims.ep and arch and arch.is_moe else ''}")
         lines.append(f"weight sync: every step, backend {run.weight_sync.backend}, buckets of "
-                     f"{run.weight_sync.bucket_bytes / 2**20:.0f} MiB, stage ports from {run.weight_sync.base_port}")
+                     f"{run.weight_sync.bucket_bytes / 2**20:.0f} MiB, "
+                     + (f"stage ports from {run.weight_sync.base_port}" if run.weight_sync.base_port
+                        else "stage ports chosen free"))
         if run.fleet.servers:
             lines.append(f"servers (already running): {run.fleet.servers}")
     lines.append("processes:")

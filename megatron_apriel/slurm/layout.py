@@ -8,7 +8,7 @@ they share, its GPUs split as the local launch splits them (``parallel/devices.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.parallel.devices import DeviceSplit, split_devices
@@ -16,6 +16,22 @@ from megatron_apriel.parallel.dims import ParallelDims
 
 ONE_NODE_ENV = "APRIEL_ONE_NODE"
 """Set to 1 by slurm/train.sbatch in every step of a job whose one node the trainer and the fleet share."""
+
+
+def node_address(addrs: str, node: str) -> str:
+    """``node``'s address in ``APRIEL_NODE_ADDRS`` ("n1=10.0.0.1 n2=10.0.0.2")."""
+    table = dict(pair.split("=", 1) for pair in addrs.split())
+    if node not in table:
+        raise ValueError(f"node {node} is not in APRIEL_NODE_ADDRS={addrs!r} (set by slurm/train.sbatch).")
+    return table[node]
+
+
+def job_node_address(env: Mapping[str, str]) -> Optional[str]:
+    """This node's address inside a step of slurm/train.sbatch (SLURM's NodeAddr, which the other
+    nodes reach, not necessarily the host name); None outside such a job."""
+    if not env.get("APRIEL_NODE_ADDRS") or not env.get("SLURMD_NODENAME"):
+        return None
+    return node_address(env["APRIEL_NODE_ADDRS"], env["SLURMD_NODENAME"])
 
 
 @dataclass(frozen=True)

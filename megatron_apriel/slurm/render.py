@@ -15,7 +15,7 @@ from megatron_apriel.slurm.layout import JobLayout
 REPO_SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
 """The shipped scripts (``train.sbatch``, ``cluster.env``, ...), next to the package in a checkout."""
 BEGIN, END = "# >>> knobs", "# <<< knobs"
-DROPPED_OVERRIDES = ("run_dir=", "weight_sync.base_port=")
+DROPPED_OVERRIDES = ("run_dir=",)
 """Set by the script itself (``APRIEL_RUN_DIR``, the job's ports)."""
 
 

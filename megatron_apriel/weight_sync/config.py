@@ -27,14 +27,20 @@ class WeightSyncConfig:
     """auto (nccl with CUDA, gloo without), nccl or gloo. Must match the servers' engine."""
     advertise_host: Optional[str] = None
     """Address the servers reach this rank at; null: this host's name."""
-    base_port: int = 29700
-    """Stage s listens on base_port + s (on its sender's host)."""
+    base_port: int = 0
+    """0: each stage's sender binds a free port when it (re)connects and tells the servers which, so
+    two runs on one node never collide; N: stage s listens on N + s (a firewall that opens a fixed
+    range; one run per node then)."""
     timeout_s: float = 600.0
     checksum: str = "sum64"
     """Per-bucket checksum: sum64 (cheap, any device) or crc32 (stronger, CPU only)."""
     push_attempts: int = 3
     """Tries per update: a server that dies mid-update fails it; the fleet is joined again without
     it (or with its restarted self) and the update sent again."""
+
+    def stage_port(self, stage: int) -> int:
+        """The port stage ``stage``'s sender binds (0: a free one, chosen by the bind)."""
+        return self.base_port + stage if self.base_port else 0
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -45,5 +51,7 @@ class WeightSyncConfig:
             raise ValueError(f"weight_sync.push_attempts must be >= 1, got {self.push_attempts}.")
         if self.bucket_bytes < ALIGN:
             raise ValueError(f"weight_sync.bucket_bytes must be >= {ALIGN}, got {self.bucket_bytes}.")
+        if not 0 <= self.base_port < 65536:
+            raise ValueError(f"weight_sync.base_port={self.base_port} is not a port; use 0 for free ones.")
         if self.direct_bytes < 1:
             raise ValueError(f"weight_sync.direct_bytes must be >= 1, got {self.direct_bytes}.")

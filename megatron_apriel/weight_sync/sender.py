@@ -47,13 +47,13 @@ import torch.distributed as dist
 
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.records.weights import Endpoint, StagePlan, SyncReport, TransferInit, UpdateRequest
+from megatron_apriel.records.weights import StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.config import WeightSyncConfig
 from megatron_apriel.weight_sync.control import Probe, ServerError, WeightSyncControl, probe_versions
 from megatron_apriel.weight_sync.gather import StageWeights, ToHF
-from megatron_apriel.weight_sync.transport import StageGroup, join_stage_group
+from megatron_apriel.weight_sync.transport import StageGroup, host_stage_store, join_stage_group
 from megatron_apriel.weight_sync.wire import BucketHook, DoubleBuffer, send_stage
 
 log = logging.getLogger("megatron_apriel")
@@ -193,15 +193,20 @@ class WeightSender:
 
     def connect(self) -> None:
         """Join the source groups (every rank calls; only sources join a group)."""
-        host = self.cfg.advertise_host or socket.gethostname()
-        mine = (self.role.source, host) if self.role.sends else None
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        hosts = dict(e for e in everyone if e is not None)
-        stages = [Endpoint(host=hosts[s], port=self.cfg.base_port + s) for s in range(self.role.num_sources)]
         sizes = [self.control.workers_per_server() if self.is_coordinator else None]
         dist.broadcast_object_list(sizes, src=0)
         world = 1 + sum(sizes[0])
+        store, mine = None, None
+        if self.role.sends:
+            store, endpoint = host_stage_store(self.cfg.advertise_host or socket.gethostname(),
+                                               self.cfg.stage_port(self.role.source), world, self.cfg.timeout_s)
+            mine = (self.role.source, endpoint)
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        endpoints = dict(e for e in everyone if e is not None)
+        stages = [endpoints[s] for s in range(self.role.num_sources)]
+        if self.is_coordinator:
+            log.info("weight sync: the servers join %s", ", ".join(f"{e.host}:{e.port}" for e in stages))
         pending = []
         if self.is_coordinator:
             offsets = [1 + sum(sizes[0][:i]) for i in range(len(sizes[0]))]
@@ -210,7 +215,7 @@ class WeightSender:
                              timeout_s=self.cfg.timeout_s) for o in offsets])
         if self.role.sends:
             self.group = join_stage_group(stages[self.role.source], 0, world, self.backend, self.cfg.timeout_s,
-                                          self.device)
+                                          self.device, store=store)
         for f in pending:
             f.result()
         dist.barrier()

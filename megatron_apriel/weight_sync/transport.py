@@ -44,12 +44,23 @@ class StageGroup:
             shutdown()
 
 
-def join_stage_group(endpoint: Endpoint, rank: int, world_size: int, backend: str, timeout_s: float,
-                     device: torch.device) -> StageGroup:
-    """Block until all ``world_size`` members joined the group at ``endpoint``."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(endpoint.host, endpoint.port, world_size, is_master=(rank == 0), timeout=timeout,
+def host_stage_store(host: str, port: int, world_size: int, timeout_s: float) -> tuple[object, Endpoint]:
+    """The sender's side of a stage's rendezvous: its ``TCPStore`` bound on ``port`` and the endpoint
+    the servers join at. ``port`` 0 binds a free port: the bind itself chooses it, so no other run
+    on the node can take it between the choice and the use (two runs on one node never collide)."""
+    store = dist.TCPStore(host, port, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False, use_libuv=True)
+    return store, Endpoint(host=host, port=store.port)
+
+
+def join_stage_group(endpoint: Endpoint, rank: int, world_size: int, backend: str, timeout_s: float,
+                     device: torch.device, store: object = None) -> StageGroup:
+    """Block until all ``world_size`` members joined the group at ``endpoint``. The sender (rank 0)
+    passes the ``store`` it hosts (`host_stage_store`); without one, rank 0 binds ``endpoint.port``."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(endpoint.host, endpoint.port, world_size, is_master=(rank == 0), timeout=timeout,
+                              wait_for_workers=False, use_libuv=True)
     prefixed = dist.PrefixStore(f"apriel_weight_sync/{endpoint.host}:{endpoint.port}", store)
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)

@@ -3,8 +3,8 @@
 import pytest
 
 from megatron_apriel.config import compose_run
-from megatron_apriel.entrypoints.job_step import gpu_slice, node_address
-from megatron_apriel.slurm.layout import check_allocation, one_node_split
+from megatron_apriel.entrypoints.job_step import gpu_slice
+from megatron_apriel.slurm.layout import check_allocation, job_node_address, node_address, one_node_split
 
 
 def test_each_server_gets_its_own_share_of_the_gpus():
@@ -19,6 +19,13 @@ def test_node_address_comes_from_the_job_table():
     assert node_address("n1=10.0.0.1 n2=10.0.0.2", "n2") == "10.0.0.2"
     with pytest.raises(ValueError, match="node n3 is not in APRIEL_NODE_ADDRS"):
         node_address("n1=10.0.0.1", "n3")
+
+
+def test_a_trainer_rank_in_the_job_advertises_its_nodes_address_not_its_host_name():
+    env = {"APRIEL_NODE_ADDRS": "n1=10.0.0.1 n2=10.0.0.2", "SLURMD_NODENAME": "n1"}
+    assert job_node_address(env) == "10.0.0.1"
+    assert job_node_address({"SLURMD_NODENAME": "n1"}) is None  # a job step not of slurm/train.sbatch
+    assert job_node_address({}) is None
 
 
 def test_allocation_that_does_not_fit_the_config_is_refused():
