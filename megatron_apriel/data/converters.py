@@ -45,7 +45,7 @@ from typing import Any, Callable
 from megatron_apriel.data.lcb import decode_test_cases, to_verifier_tests
 from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.function_calling import unpassable_reason
-from megatron_apriel.verifiers.ifeval import SUPPORTED_INSTRUCTIONS
+from megatron_apriel.verifiers.ifeval import supported_instructions
 from megatron_apriel.verifiers.logic import I3_SKIPPED_TASKS
 
 MATH_SUFFIX = "\n\nPut your final answer within \\boxed{}."
@@ -139,7 +139,7 @@ def convert_if_multi(row: dict, index: int) -> Problem:
     truth = truth[0] if isinstance(truth, list) else truth
     ids = list(truth["instruction_id"])
     kwargs = [{k: v for k, v in (kw or {}).items() if v is not None} for kw in truth["kwargs"]]
-    unsupported = sorted(set(ids) - SUPPORTED_INSTRUCTIONS)
+    unsupported = sorted(set(ids) - supported_instructions())
     if unsupported:
         raise SkipRow(f"unsupported instructions {unsupported}")
     messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]

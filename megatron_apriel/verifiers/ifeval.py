@@ -13,11 +13,8 @@ An instruction id outside the registry is a data error (raised), never silently 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
-
-import langdetect
-from if_verifiable.common import evaluate_instructions
-from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
 
 from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
@@ -29,7 +26,23 @@ from megatron_apriel.verifiers.base import (
     strip_reasoning,
 )
 
-SUPPORTED_INSTRUCTIONS: frozenset[str] = frozenset(INSTRUCTION_DICT)
+
+@functools.cache
+def _instructions() -> dict:
+    """if_verifiable's instruction registry, imported on first use: with langdetect and nltk it
+    takes ~1.7 s, which an actor or verifier worker that never scores IFEval need not pay."""
+    import langdetect
+    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
+
+    # Language checks go through langdetect, which samples at random unless its factory is seeded;
+    # rewards must not depend on chance. (A process-wide setting of that library.)
+    langdetect.DetectorFactory.seed = 0
+    return INSTRUCTION_DICT
+
+
+def supported_instructions() -> frozenset[str]:
+    """The instruction ids the verifier knows."""
+    return frozenset(_instructions())
 
 
 def check_reference(reference: Any) -> None:
@@ -40,10 +53,10 @@ def check_reference(reference: Any) -> None:
     if not ids or len(ids) != len(kwargs):
         raise ValueError(f"ifeval reference: {len(ids)} instructions but {len(kwargs)} kwargs; give one "
                          "kwargs dict (possibly empty) per instruction.")
-    unknown = sorted(set(ids) - SUPPORTED_INSTRUCTIONS)
+    unknown = sorted(set(ids) - supported_instructions())
     if unknown:
         raise ValueError(f"ifeval reference: unsupported instruction ids {unknown}; "
-                         f"supported: {sorted(SUPPORTED_INSTRUCTIONS)}.")
+                         f"supported: {sorted(supported_instructions())}.")
 
 
 def _prompt_text(problem: Problem) -> str:
@@ -53,20 +66,17 @@ def _prompt_text(problem: Problem) -> str:
 class IFEvalVerifier:
     domain = "ifeval"
 
-    def __init__(self) -> None:
-        # Language checks go through langdetect, which samples at random unless its factory is
-        # seeded; rewards must not depend on chance. (A process-wide setting of that library.)
-        langdetect.DetectorFactory.seed = 0
-
     def verify(self, problem: Problem, completion: str) -> VerifierResult:
         check_reference(problem.reference)
         response = extract_final_response(strip_reasoning(completion))
         if not response:
             return failed(Outcome.NO_ANSWER, "empty final response")
         ids = problem.reference["instruction_id_list"]
+        from if_verifiable.common import evaluate_instructions
+
         results, _ = evaluate_instructions(response=response, instruction_id_list=ids,
                                            kwargs_list=problem.reference["kwargs"],
-                                           prompt=_prompt_text(problem), instruction_registry=INSTRUCTION_DICT)
+                                           prompt=_prompt_text(problem), instruction_registry=_instructions())
         assert len(results) == len(ids), "every instruction id was validated against the registry"
         followed = sum(r.strict_pass for r in results)
         detail = ", ".join(f"{r.instruction_id}={'ok' if r.strict_pass else 'no'}" for r in results)

@@ -19,8 +19,6 @@ import ast
 import re
 from typing import Any
 
-import reasoning_gym
-
 from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import (
     Outcome,
@@ -81,6 +79,8 @@ class LogicVerifier:
         if not answer:
             return failed(Outcome.NO_ANSWER, "empty final response")
         if source == "reasoning_gym":
+            import reasoning_gym  # ~2 s (with matplotlib): only where a logic problem is scored
+
             score = float(reasoning_gym.get_score_answer_fn(ref["task"])(answer, ref["entry"]))
             assert 0.0 <= score <= 1.0, f"reasoning-gym {ref['task']} returned score {score}"
             if score == 1.0:
