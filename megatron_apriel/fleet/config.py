@@ -82,9 +82,14 @@ class ServerArgs:
         return int(self.value("--pipeline-parallel-size", "-pp") or 1)
 
     @property
+    def data_parallel_size(self) -> int:
+        return int(self.value("--data-parallel-size", "-dp") or 1)
+
+    @property
     def gpus(self) -> int:
-        """GPUs one server takes (tensor x pipeline parallel)."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """GPUs one server takes (tensor x pipeline x data parallel: a DP > 1 server, as a large MoE
+        is served, runs one engine per DP rank, each on its own TP x PP GPUs)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     @property
     def gpu_memory_utilization(self) -> float:

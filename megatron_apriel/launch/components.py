@@ -15,11 +15,11 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 from megatron_apriel.config import RunConfig
 from megatron_apriel.fleet.registry import serve_command
-from megatron_apriel.parallel.devices import DeviceSplit, split_devices
+from megatron_apriel.parallel.devices import DeviceSplit, check_gpus_present, gpus_present, split_devices
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.process import ManagedProcess
 from megatron_apriel.run_dir import RunDir
@@ -75,8 +75,25 @@ def server_flags(run: RunConfig, index: Optional[int] = None) -> list[str]:
 def device_split(run: RunConfig) -> Optional[DeviceSplit]:
     """This machine's GPUs between the servers the launch starts and the trainer (``parallel/devices.py``)."""
     local_servers = run.fleet.num_servers if run.rollout.source == "fleet" and not run.fleet.servers else 0
+    check_gpus_present(run.launch.gpus_per_node, local_servers, gpus_present(os.environ))
     return split_devices(run.launch.gpus_per_node, local_servers, run.fleet.server_args.gpus,
                          run.launch.nproc_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+FIRST_CORE_ENV = "APRIEL_FIRST_CORE"
+"""CPU runs: the core of server 0's vLLM worker (server i gets the i-th core after it, wrapping
+around); two runs on one machine each set their own, so their servers do not share a core."""
+
+
+def server_core(index: int, env: Mapping[str, str], cores: Sequence[int]) -> Optional[int]:
+    """The core server ``index``'s vLLM worker is bound to on a CPU machine: core ``index`` of this
+    process's cores, counted from ``APRIEL_FIRST_CORE``, so each server has its own (vLLM's own
+    default binds every server's worker to the same core). None: the user binds them
+    (``VLLM_CPU_OMP_THREADS_BIND``) or there is one core."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in env or len(cores) < 2:
+        return None
+    first = int(env.get(FIRST_CORE_ENV) or 0)
+    return sorted(cores)[(first + index) % len(cores)]
 
 
 def _on(env: dict, devices: Optional[str]) -> dict:
@@ -99,7 +116,9 @@ def components(run: RunConfig) -> list[Component]:
             cmd = serve_command(run.model.hf_path, port, run.fleet.host, server_flags(run, i),
                                 register_dir=paths.fleet)
             gpus = split.servers[i] if split else None
-            out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), _on(env, gpus),
+            core = None if split or run.launch.gpus_per_node else server_core(i, os.environ, os.sched_getaffinity(0))
+            own = env if core is None else {**env, "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+            out.append(Component(f"server_{i}", cmd, paths.log(f"server_{i}"), _on(own, gpus),
                                  restarts_left=run.fleet.max_restarts))
     if fleet:
         out.append(Component("actor", [sys.executable, "-m", "megatron_apriel.entrypoints.actor", *run_dir],

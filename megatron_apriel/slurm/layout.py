@@ -42,7 +42,8 @@ class JobLayout:
     servers_per_node: int
     gpus_per_node: int
     """0 on CPU nodes."""
-    vllm_tp: int
+    gpus_per_server: int
+    """--tensor-parallel-size x --pipeline-parallel-size x --data-parallel-size of each server."""
     one_node: bool = False
     """The trainer and the fleet share one node (``launch.gpus_per_node``): one plain job of one node,
     whatever ``slurm.hetjob`` says."""
@@ -97,7 +98,7 @@ def _one_node_layout(run: RunConfig) -> JobLayout:
     ParallelDims.resolve(run.parallel, launch.nproc_per_node)
     return JobLayout(train_nodes=1, train_tasks_per_node=launch.nproc_per_node, rollout_nodes=1,
                      servers_per_node=fleet.num_servers, gpus_per_node=s.gpus_per_node,
-                     vllm_tp=fleet.server_args.tensor_parallel_size, one_node=True)
+                     gpus_per_server=fleet.server_args.gpus, one_node=True)
 
 
 def job_layout(run: RunConfig) -> JobLayout:
@@ -107,7 +108,7 @@ def job_layout(run: RunConfig) -> JobLayout:
         return _one_node_layout(run)
     s = run.slurm
     tp, pp, ranks = run.parallel.tp, run.parallel.pp, run.launch.nproc_per_node
-    vllm_tp = run.fleet.server_args.tensor_parallel_size
+    vllm_tp = run.fleet.server_args.gpus  # --tensor-parallel-size x --pipeline-parallel-size x --data-parallel-size
     if s.gpus_per_node:
         world = run.launch.nnodes * s.gpus_per_node
         if world % (tp * pp):
@@ -121,11 +122,12 @@ def job_layout(run: RunConfig) -> JobLayout:
             raise ValueError(f"parallel.tp={tp} must divide slurm.gpus_per_node={s.gpus_per_node} (tensor parallelism "
                              "stays inside a node): choose tp among its divisors.")
         if vllm_tp > s.gpus_per_node or s.gpus_per_node % vllm_tp:
-            raise ValueError(f"the servers' --tensor-parallel-size {vllm_tp} must divide slurm.gpus_per_node="
-                             f"{s.gpus_per_node}; change it in fleet.vllm_args.")
+            raise ValueError(f"each server's {vllm_tp} GPUs (--tensor-parallel-size x --pipeline-parallel-size x "
+                             f"--data-parallel-size) must divide slurm.gpus_per_node={s.gpus_per_node}; change them "
+                             "in fleet.vllm_args.")
         per_node = s.servers_per_node or s.gpus_per_node // vllm_tp
         if per_node * vllm_tp > s.gpus_per_node:
-            raise ValueError(f"slurm.servers_per_node={per_node} servers x --tensor-parallel-size {vllm_tp} need "
+            raise ValueError(f"slurm.servers_per_node={per_node} servers x {vllm_tp} GPUs each need "
                              f"{per_node * vllm_tp} GPUs per node, the nodes have {s.gpus_per_node}; "
                              "lower one of them.")
     else:
@@ -137,7 +139,7 @@ def job_layout(run: RunConfig) -> JobLayout:
     ParallelDims.resolve(run.parallel, run.launch.nnodes * ranks)  # raises with the fix
     return JobLayout(train_nodes=run.launch.nnodes, train_tasks_per_node=ranks,
                      rollout_nodes=run.fleet.num_servers // per_node, servers_per_node=per_node,
-                     gpus_per_node=s.gpus_per_node, vllm_tp=vllm_tp)
+                     gpus_per_node=s.gpus_per_node, gpus_per_server=vllm_tp)
 
 
 def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int, rollout_nodes: int,
@@ -165,4 +167,4 @@ def check_allocation(run: RunConfig, train_nodes: int, train_tasks_per_node: int
         )
     ParallelDims.resolve(run.parallel, train_nodes * train_tasks_per_node)
     return JobLayout(train_nodes, train_tasks_per_node, rollout_nodes, servers_per_node, run.slurm.gpus_per_node,
-                     run.fleet.server_args.tensor_parallel_size, one_node)
+                     run.fleet.server_args.gpus, one_node)

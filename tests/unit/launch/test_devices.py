@@ -111,3 +111,57 @@ def test_the_planners_one_node_command_passes_the_dry_run(tmp_path, monkeypatch,
                         f"run_dir={tmp_path / 'run'}", *keys, "--dry-run"]) == 0
     assert ("one-node plain job: 4 trainer rank(s) and 4 vLLM server(s) sharing its 8 GPUs (servers on GPUs "
             "0 | 1 | 2 | 3, trainer on 4,5,6,7)") in capsys.readouterr().out
+
+
+def test_an_empty_cuda_visible_devices_hides_every_gpu():
+    """"" is not "unset": no GPU is visible, so a split that needs one is refused."""
+    with pytest.raises(ValueError, match='CUDA_VISIBLE_DEVICES="" shows 0'):
+        split_devices(2, 1, 1, 1, "")
+    with pytest.raises(ValueError, match="--gpu-bind=none"):  # the advice that helps under SLURM
+        split_devices(4, 1, 1, 1, "0,1")
+
+
+def test_a_data_parallel_server_takes_tp_x_pp_x_dp_gpus():
+    from megatron_apriel.fleet.config import ServerArgs
+
+    args = ServerArgs(("--tensor-parallel-size", "2", "--data-parallel-size=2"))
+    assert args.gpus == 4
+    assert split_devices(8, 1, args.gpus, 4) == DeviceSplit(("0,1,2,3",), "4,5,6,7")
+
+
+def fake_gpus(tmp_path, n: int):
+    for i in range(n):
+        (tmp_path / f"nvidia{i}").touch()
+    (tmp_path / "nvidiactl").touch()  # not a GPU
+    return tmp_path
+
+
+def test_the_gpus_present_are_the_device_files_cuda_visible_devices_leaves(tmp_path):
+    from megatron_apriel.parallel.devices import gpus_present
+
+    dev = fake_gpus(tmp_path, 8)
+    assert gpus_present({}, dev) == 8
+    assert gpus_present({"CUDA_VISIBLE_DEVICES": "2,3"}, dev) == 2
+    assert gpus_present({"CUDA_VISIBLE_DEVICES": ""}, dev) == 0
+    (tmp_path / "cpu").mkdir()
+    assert gpus_present({"CUDA_VISIBLE_DEVICES": "0,1"}, tmp_path / "cpu") == 0  # a CPU machine, whatever it says
+
+
+def test_a_gpu_machine_with_local_servers_and_no_split_is_refused():
+    from megatron_apriel.parallel.devices import check_gpus_present
+
+    with pytest.raises(ValueError, match="set launch.gpus_per_node=8 to split them"):
+        check_gpus_present(0, 1, 8)  # the large presets' default: every process would see every GPU
+    with pytest.raises(ValueError, match="launch.gpus_per_node=16 but this machine shows 8"):
+        check_gpus_present(16, 4, 8)
+    check_gpus_present(8, 4, 8)
+    check_gpus_present(0, 0, 8)  # servers elsewhere (fleet.servers): the node is the trainer's
+    check_gpus_present(0, 2, 0)  # a CPU machine
+
+
+def test_the_dry_run_on_a_gpu_machine_refuses_the_presets_default_in_one_line(tmp_path, monkeypatch):
+    import megatron_apriel.launch.components as components
+
+    monkeypatch.setattr(components, "gpus_present", lambda env: 8)
+    with pytest.raises(ValueError, match="launch.gpus_per_node=0 would give every process every GPU"):
+        components.components(run_config(tmp_path, "launch.nproc_per_node=4"))
