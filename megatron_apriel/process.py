@@ -108,6 +108,18 @@ class ManagedProcess:
                 p.kill()  # psutil checks it is the same process (pid and start time)
             except psutil.NoSuchProcess:
                 pass  # it exited with its parent: the usual case
+        self._wait_family_gone(grace_s)
+
+    def _wait_family_gone(self, timeout_s: float) -> None:
+        """Return once every descendant seen has exited (a zombie holds no memory): what they held,
+        GPU memory included, is free when ``stop`` returns, so a restart on the same GPUs finds
+        it free. A descendant still alive after ``timeout_s`` is named in the error."""
+        deadline = time.monotonic() + timeout_s
+        while alive := [p for p in self._family if _alive(p)]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: processes {[p.pid for p in alive]} still run {timeout_s}s after "
+                                   "SIGKILL (stuck in the kernel, e.g. a GPU driver call?)")
+            time.sleep(0.05)
 
     def tail(self, lines: int = 30) -> str:
         if self.log_path is None or not Path(self.log_path).exists():
@@ -121,6 +133,13 @@ class ManagedProcess:
         except psutil.NoSuchProcess:
             pass  # it has exited: its descendants were remembered while it ran, if it had any
         self._family = list(known.values())
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
