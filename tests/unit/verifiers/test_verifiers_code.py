@@ -38,8 +38,9 @@ def solves_add_if(attack: str) -> str:
     return code(f"{attack}\na, b = map(int, input().split())\nprint(a + b if ok else 'contained')")
 
 
-def sandbox_processes() -> list[int]:
-    """Live (non-zombie) processes owned by any sandbox uid."""
+def sandbox_processes(uids: set[int], zombies: bool = False) -> list[int]:
+    """Processes owned by one of the sandbox ``uids`` (live ones; with ``zombies``, those too). Only
+    this test's uids: another test running beside it (pytest-xdist) may have sandboxes of its own."""
     pids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -47,9 +48,24 @@ def sandbox_processes() -> list[int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except (FileNotFoundError, ProcessLookupError):  # it exited between the listing and the read
             continue
-        if int(fields["Uid"].split()[0]) >= _UID_BASE and not fields["State"].strip().startswith("Z"):
+        if int(fields["Uid"].split()[0]) in uids and (zombies or not fields["State"].strip().startswith("Z")):
             pids.append(int(entry))
     return pids
+
+
+@pytest.fixture
+def sandbox_uids(monkeypatch) -> set[int]:
+    """The sandbox uids this test's runs used (each run kills its uid's processes at its end)."""
+    import megatron_apriel.verifiers.sandbox as sandbox
+
+    used: set[int] = set()
+    kill = sandbox._kill_uid
+
+    def recording(uid: int) -> None:
+        used.add(uid)
+        kill(uid)
+    monkeypatch.setattr(sandbox, "_kill_uid", recording)
+    return used
 
 
 class Unsandboxed:
@@ -72,10 +88,10 @@ def fast(needs_root):
 
 
 @pytest.fixture
-def verifier(fast):
+def verifier(fast, sandbox_uids):
     v = CodeVerifier(CodeVerifierConfig(sandbox=fast))
     yield v
-    assert sandbox_processes() == [], "a sandboxed process survived its run"
+    assert sandbox_processes(sandbox_uids) == [], "a sandboxed process survived its run"
 
 
 @pytest.fixture
@@ -111,13 +127,13 @@ def test_infinite_loop_times_out(verifier):
     assert time.monotonic() - start < 10
 
 
-def test_fork_bomb_is_contained(verifier):
+def test_fork_bomb_is_contained(verifier, sandbox_uids):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    before = len(os.listdir("/proc"))
     r = run_verifier(verifier, make_problem("code", ADD), code(bomb))
     assert r.outcome in (Outcome.TIMEOUT, Outcome.WRONG)
-    assert sandbox_processes() == []
-    assert len(os.listdir("/proc")) < before + 50
+    assert len(sandbox_uids) == 1
+    assert sandbox_processes(sandbox_uids) == []
+    assert len(sandbox_processes(sandbox_uids, zombies=True)) < 50  # the bomb's zombies were reaped
 
 
 def test_process_limit(verifier, uncontained, fast):
