@@ -45,16 +45,22 @@ class Trip:
 
     def describe(self, cfg: DriftGateConfig) -> str:
         said = [f"drifted {self.drift:.4g} nats/token over {self.tokens} fresh tokens"
-                + (f" > fleet.drift_gate.max_drift={cfg.max_drift}" if self.drift > cfg.max_drift else "")]
+                + (f" > fleet.drift_gate.max_drift={cfg.max_drift}" if _above(self.drift, cfg.max_drift) else "")]
         if self.routing is not None and cfg.max_routing_mismatch is not None:
             said.append(f"routed {self.routing:.4g} of {self.pairs} (token, MoE layer) pairs to other experts than the "
                         "trainer" + (f" > fleet.drift_gate.max_routing_mismatch={cfg.max_routing_mismatch}"
-                                     if self.routing > cfg.max_routing_mismatch else ""))
+                                     if _above(self.routing, cfg.max_routing_mismatch) else ""))
         return f"server {self.server} (weights version {self.version}) " + "; ".join(said)
 
     def trips(self, cfg: DriftGateConfig) -> bool:
         routing = self.routing is not None and cfg.max_routing_mismatch is not None
-        return self.drift > cfg.max_drift or (routing and self.routing > cfg.max_routing_mismatch)
+        return _above(self.drift, cfg.max_drift) or (routing and _above(self.routing, cfg.max_routing_mismatch))
+
+
+def _above(figure: float, limit: float) -> bool:
+    """``figure > limit``, and True for NaN: a server whose log-probs give no number (NaN, or -inf
+    against -inf) is the one to take out, and ``nan > limit`` is False."""
+    return not figure <= limit
 
 
 def per_server(metrics: dict) -> dict[str, tuple[float, float, float, float]]:

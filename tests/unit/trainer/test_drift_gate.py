@@ -198,3 +198,12 @@ def test_register_writes_what_retire_removes(tmp_path):
     other = register(tmp_path, "http://h:6", pid=2, host="h")
     retire(tmp_path, reg, "why")
     assert registered(tmp_path) == [other] and retire_request(tmp_path, other.instance) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_drift_that_is_no_number_trips_and_says_why(bad):
+    """A server whose log-probs give NaN (or inf) drift is the one to take out: ``nan > max`` is False."""
+    (trip,) = DriftGate(CFG).observe(figures(a_1=(bad, 500)), version=1)
+    assert trip.server == "a:1" and "max_drift=0.05" in trip.describe(CFG)
+    (trip,) = DriftGate(ROUTED).observe(routed(a_1=(0.001, 500, bad, 1000)), version=1)
+    assert "max_routing_mismatch=0.1" in trip.describe(ROUTED) and "max_drift" not in trip.describe(ROUTED)
