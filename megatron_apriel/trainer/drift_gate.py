@@ -109,6 +109,14 @@ class DriftGate:
     def every_server_tripped(self) -> bool:
         return bool(self.seen) and self.seen <= self.tripped
 
+    def state_dict(self) -> dict:
+        """The servers seen and those tripped (saved with the trainer's checkpoint); a window under
+        way is not saved, so a resumed run starts new windows."""
+        return {"seen": sorted(self.seen), "tripped": sorted(self.tripped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen, self.tripped = set(state.get("seen", ())), set(state.get("tripped", ()))
+
 
 class DriftGateError(RuntimeError):
     """Every server of the fleet tripped the drift gate: the run stops (its last step is saved)."""
@@ -137,6 +145,14 @@ class FleetGate:
         for trip in trips:
             source.server_tripped(trip.server, trip.version, drop=self.cfg.before_trip == "drop")
         return {"gate/trips": float(len(trips)), "gate/tripped_servers": float(len(self.gate.tripped))}, stop
+
+    def state_dict(self) -> dict:
+        """Collective (every rank calls it): the judging rank's `DriftGate.state_dict`, on every rank."""
+        return from_the_one_rank(self.gate.state_dict() if self.judges else None)
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state of `state_dict` (every rank keeps it; only the judging rank reads it)."""
+        self.gate.load_state_dict(state)
 
     def _act(self, trip: Trip, retire_it: bool) -> None:
         regs = [r for r in registered(self.fleet_dir) if server_key(r.url) == trip.server]
