@@ -79,8 +79,13 @@ def _whole(local_S: torch.Tensor, inp: LossInputs) -> torch.Tensor:
     return local_S + (inp.seq_total(detached.clone()) - detached)
 
 
+LOG_RHO_BOUND = 20.0
+"""Every rho the corrections and their figures use is exp of a log rho clamped to [-20, 20] (verl's
+safety bound, rho in [2e-9, 5e8]): a token vLLM gave (almost) no probability cannot overflow a weight."""
+
+
 class Correction(NamedTuple):
-    log_rho_N: torch.Tensor  # float [N], log pi_t - log mu_t, detached (0 where mask_N is False)
+    log_rho_N: torch.Tensor  # float [N], log pi_t - log mu_t, detached, in +-LOG_RHO_BOUND (0 off mask_N)
     token_w_N: torch.Tensor | None  # float [N], the tokens' weights; None: all 1
     seq_w_S: torch.Tensor | None  # float [S], the sequences' weights; None: all 1
     cut_N: torch.Tensor  # bool [N], loss tokens the correction truncated or masked
@@ -90,7 +95,8 @@ class Correction(NamedTuple):
 def correction_weights(inp: LossInputs, cfg: LossConfig, n_tok_S: torch.Tensor) -> Correction:
     """The weights of ``cfg.correction`` (module docstring), from the detached log-probs."""
     n_seq = inp.adv_S.shape[0]
-    log_rho_N = torch.where(inp.mask_N, inp.logp_N.detach() - inp.old_logp_N, 0.0)
+    log_rho_N = torch.where(inp.mask_N, (inp.logp_N.detach() - inp.old_logp_N).clamp(-LOG_RHO_BOUND, LOG_RHO_BOUND),
+                            0.0)
     rho_N = log_rho_N.exp()
     none_N, none_S = torch.zeros_like(inp.mask_N), torch.zeros(n_seq, dtype=torch.bool, device=rho_N.device)
     if cfg.correction == "none":
@@ -212,11 +218,13 @@ LAG_BUCKETS = 4
 
 
 def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) -> dict:
-    """Sums per lag bucket over the loss tokens: count, |log rho|, the k3 estimate of KL(mu || pi)
-    ((rho - 1) - log rho, >= 0) and the tokens the correction cut; and the sequences it cut."""
+    """Sums per lag bucket over the loss tokens: count, |log rho| (unbounded: a token vLLM gave no
+    probability shows as inf), the k3 estimate of KL(mu || pi) ((rho - 1) - log rho, >= 0, from the
+    bounded log rho) and the tokens the correction cut; and the sequences it cut."""
     tok = inp.mask_N
-    log_rho = corr.log_rho_N.detach()
-    k3 = torch.expm1(log_rho.double()) - log_rho.double()  # fp64: at fp32 round-off drift, exp(x) - 1 - x cancels
+    log_rho = torch.where(tok, inp.logp_N.detach() - inp.old_logp_N, 0.0)
+    bounded = corr.log_rho_N.detach().double()
+    k3 = torch.expm1(bounded) - bounded  # fp64: at fp32 round-off drift, exp(x) - 1 - x cancels
     once = 1.0 if inp.counts_sequences else 0.0
     m = {"mm_seqs": (n_tok_S > 0).sum().float() * once, "mm_seqs_cut": corr.cut_S.sum().float() * once}
     lag = inp.lag_N.clamp(0, LAG_BUCKETS - 1) if inp.lag_N is not None else torch.zeros_like(inp.seq_N)
@@ -224,7 +232,7 @@ def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) 
     for k in buckets:  # masked sums, not boolean indexing: no device-to-host sync in the schedule
         where = tok & (lag == (0 if k == "all" else k))
         m[f"mm_{k}_tokens"] = where.sum().float()
-        m[f"mm_{k}_abs_log_rho_sum"] = (log_rho.abs() * where).sum()
+        m[f"mm_{k}_abs_log_rho_sum"] = torch.where(where, log_rho.abs(), 0.0).sum()  # an inf stays in its bucket
         m[f"mm_{k}_k3_sum"] = (k3 * where).sum()
         m[f"mm_{k}_cut"] = (corr.cut_N & where).sum().float()
     return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}

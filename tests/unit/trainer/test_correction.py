@@ -189,3 +189,23 @@ def test_bad_correction_settings_are_refused_naming_the_key():
         LossConfig(correction="token_mask", correction_low=1.5)
     with pytest.raises(ValueError, match="correction_clip"):
         LossConfig(correction_clip=0.0)
+
+
+@pytest.mark.parametrize("correction", [*CORRECTIONS, "none"])
+def test_a_token_vllm_gave_almost_no_probability_overflows_no_weight_or_figure(correction):
+    """log rho = 1e4 (vLLM's log-prob -1e4): exp overflows, so each rho is exp of log rho clamped to
+    [-20, 20]; the weights and KL figure stay finite and |log rho| reports the token as it is."""
+    inp, _ = make_inputs()
+    old = inp.old_logp_N.clone()
+    old[2] = -1e4  # the first token of sequence 0 (fresh)
+    inp = inp._replace(old_logp_N=old)
+    out = policy_loss(inp, LossConfig(correction=correction, correction_clip=C, correction_low=LOW,
+                                      correction_high=HIGH))
+    figures = finalize_metrics(_totals(out.metrics))
+    assert math.isfinite(figures["mismatch/all/kl_k3"]) and math.isfinite(figures["mismatch/stale/kl_k3"])
+    assert figures["mismatch/fresh/kl_k3"] > 1e7  # (e^20 - 1 - 20) over the fresh tokens: huge, not inf
+    assert figures["mismatch/fresh/abs_log_rho"] > 1e3  # unbounded: the figure says what vLLM gave
+    assert figures["mismatch/stale/abs_log_rho"] == pytest.approx(
+        sum(abs(x) for xs, lags in zip(LOG_RHO, LAGS) for x, lag in zip(xs, lags) if lag > 0)
+        / sum(lag > 0 for lags in LAGS for lag in lags))
+    assert torch.isfinite(out.loss_sum)
