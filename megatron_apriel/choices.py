@@ -7,7 +7,9 @@ from typing import Literal, Optional, get_args
 
 RolloutSource = Literal["local", "fleet", "replay"]
 LossKind = Literal["gspo", "gspo_token", "grpo"]
-Correction = Literal["none", "token_tis", "seq_tis", "token_mask", "seq_mask"]
+Correction = Literal["none", "token_tis", "seq_tis", "seq_is", "token_mask", "seq_mask"]
+CorrectionAnchor = Literal["behaviour", "current"]
+CorrectionCount = Literal["all", "kept"]
 BeforeTrip = Literal["train", "drop"]
 TokenDispatcher = Literal["auto", "allgather", "alltoall"]
 Fp8Format = Literal["hybrid", "e4m3"]

@@ -127,9 +127,22 @@ class RunConfig:
                              f"over parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "
                              f"{self.parallel.tp}.")
         self._check_context_parallel()
+        self._check_correction_anchor()
         if self.rollout.source == "fleet" and not (self.model.hf_path or self.tiny_base.enabled):
             raise ValueError("rollout.source=fleet serves model.hf_path with vLLM: set model.hf_path to a Hugging "
                              "Face model directory.")
+
+    def _check_correction_anchor(self) -> None:
+        """The unclipped correction needs a bound on staleness: only C would bound a stale token."""
+        loss, rollout = self.loss, self.rollout
+        if loss.correction == "none" or loss.correction_anchor != "current":
+            return
+        if rollout.max_lag is None and rollout.source != "local":  # the local source samples from the trained weights
+            raise ValueError(f"loss.correction={loss.correction} with loss.correction_anchor=current takes the ratio "
+                             "against the step's own weights, so the clip never binds, and rollout.max_lag=null lets "
+                             "a token be any number of versions stale: nothing but C would bound its step. Set "
+                             "rollout.max_lag (e.g. 1), or loss.correction_anchor=behaviour (the recipe's clip on "
+                             "pi/mu, the correction on top).")
 
     def _check_context_parallel(self) -> None:
         cp = self.parallel.cp

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron_apriel.choices import Correction, LossKind, check_choice, choices
+from megatron_apriel.choices import Correction, CorrectionAnchor, CorrectionCount, LossKind, check_choice, choices
 
 LOGPROB_CHUNK_TOKENS = 2048
 """Default of ``trainer.logprob_chunk_tokens``: at Apriel's 131K vocabulary, ~1 GiB per fp32
@@ -58,29 +58,44 @@ class LossConfig:
     temperature: float = 1.0
     """Sampling temperature: logits are divided by it before the log-softmax (as vLLM does)."""
     correction: str = "none"
-    """Train/inference mismatch correction (README "Mismatch"; RECIPE.md section 10), with
-    rho_t = pi_train(y_t) / pi_vllm(y_t) from the weights that start the step:
+    """Train/inference mismatch correction (docs/mismatch.md; RECIPE.md section 10), with
+    rho_t = pi_train(y_t) / pi_vllm(y_t) from the weights that start the step and g_i =
+    exp(mean_t log rho_t), a sequence's geometric mean:
     none (the recipe: the ratio is taken against vLLM's log-probs, no weight);
     token_tis (each token weighted by min(rho_t, correction_clip));
-    seq_tis (each sequence by min(exp(mean_t log rho_t), correction_clip), GSPO's geometric form);
+    seq_tis (each sequence by min(g_i, correction_seq_high), GSPO's geometric form);
+    seq_is (each sequence by min(prod_t rho_t, correction_seq_clip): verl's rollout_is=sequence);
     token_mask (tokens with rho_t outside [correction_low, correction_high] carry no loss, the others
     weight rho_t: masked IS / IcePop);
-    seq_mask (sequences whose exp(mean_t log rho_t) is outside the bounds carry no loss, the others
-    token_tis). With a correction the ratio is anchored on the step's own weights."""
+    seq_mask (sequences with g_i outside [correction_seq_low, correction_seq_high] carry no loss, the
+    others token_tis). ``correction_anchor`` says what the policy ratio is taken against."""
+    correction_anchor: str = "behaviour"
+    """With a correction: behaviour (the ratio stays pi / mu, so the recipe's clip keeps its trust
+    region, and the correction acts on top: the step's gradient is the current form's wherever the
+    clip does not bind, and 0 where it binds; verl's bypass mode with rejection) or current (the ratio is
+    pi / sg[pi], 1 in value: the clip never binds and the step is the policy gradient weighted by the
+    correction, capped only by C; refused with rollout.max_lag=null). Ignored with correction=none."""
     correction_clip: float = 2.0
-    """C of token_tis, seq_tis and seq_mask (slime, verl and SkyRL use 2)."""
+    """C of the token-level TIS: token_tis and seq_mask's kept sequences (slime, verl and SkyRL use 2)."""
     correction_low: float = 0.5
-    """Lower bound on rho of token_mask and seq_mask (IcePop: 0.5)."""
+    """Lower bound on rho_t of token_mask (IcePop: 0.5)."""
     correction_high: float = 2.0
-    """Upper bound on rho of token_mask and seq_mask (IcePop: 2)."""
+    """Upper bound on rho_t of token_mask (IcePop: 2)."""
+    correction_seq_low: float = 0.99
+    """Lower bound on g_i of seq_mask (SkyRL's geometric mask: 0.99)."""
+    correction_seq_high: float = 1.01
+    """Upper bound on g_i of seq_mask, and the cap of seq_tis's weight (SkyRL: 1.01; verl's geometric
+    threshold: 1.0002-1.001). A geometric mean moves little: 2 would take a mean |log rho| of 0.69 nats."""
+    correction_seq_clip: float = 2.0
+    """C of seq_is, on the product of a sequence's rho_t (verl's rollout_is_threshold: 2)."""
+    correction_count: str = "all"
+    """What the step's count (and each sequence's token mean) includes when a mask drops tokens or
+    sequences (token_mask, seq_mask): all (the masked ones still count, so the step shrinks as the cut
+    share grows) or kept (verl: they leave the denominators). The truncating corrections drop nothing."""
 
     def __post_init__(self) -> None:
         check_choice("loss.kind", self.kind, LossKind)
-        check_choice("loss.correction", self.correction, Correction)
-        if self.correction_clip <= 0 or not (0 <= self.correction_low <= 1 <= self.correction_high):
-            raise ValueError(f"loss.correction_clip must be > 0 and loss.correction_low <= 1 <= "
-                             f"loss.correction_high, got {self.correction_clip}, {self.correction_low}, "
-                             f"{self.correction_high}.")
+        self._check_correction()
         if not (0 <= self.eps_low < 1) or self.eps_high < 0:
             raise ValueError(f"loss.eps_low must be in [0, 1) and loss.eps_high >= 0, "
                              f"got {self.eps_low}, {self.eps_high}.")
@@ -90,6 +105,23 @@ class LossConfig:
             raise ValueError(f"loss.aggregation must be token_mean or seq_mean_token_mean, got {self.aggregation!r}.")
         if self.temperature <= 0:
             raise ValueError(f"loss.temperature must be > 0, got {self.temperature}.")
+
+    def _check_correction(self) -> None:
+        check_choice("loss.correction", self.correction, Correction)
+        check_choice("loss.correction_anchor", self.correction_anchor, CorrectionAnchor)
+        check_choice("loss.correction_count", self.correction_count, CorrectionCount)
+        if self.correction_clip <= 0 or self.correction_seq_clip <= 0:
+            raise ValueError(f"loss.correction_clip and loss.correction_seq_clip must be > 0, got "
+                             f"{self.correction_clip}, {self.correction_seq_clip}.")
+        for level in ("", "seq_"):
+            low, high = getattr(self, f"correction_{level}low"), getattr(self, f"correction_{level}high")
+            if not 0 <= low <= 1 <= high:
+                raise ValueError(f"loss.correction_{level}low must be in [0, 1] and loss.correction_{level}high >= "
+                                 f"1, got {low}, {high}.")
+        if self.correction == "none" and self.correction_anchor == "current":
+            raise ValueError("loss.correction_anchor=current takes the ratio against the step's own weights, which "
+                             "only a correction weighs: with loss.correction=none (the recipe, ratio against vLLM's "
+                             "log-probs) set loss.correction_anchor=behaviour, or choose a loss.correction.")
 
 
 @dataclass(kw_only=True)

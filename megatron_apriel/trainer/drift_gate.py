@@ -45,16 +45,22 @@ class Trip:
 
     def describe(self, cfg: DriftGateConfig) -> str:
         said = [f"drifted {self.drift:.4g} nats/token over {self.tokens} fresh tokens"
-                + (f" > fleet.drift_gate.max_drift={cfg.max_drift}" if self.drift > cfg.max_drift else "")]
+                + (f" > fleet.drift_gate.max_drift={cfg.max_drift}" if _above(self.drift, cfg.max_drift) else "")]
         if self.routing is not None and cfg.max_routing_mismatch is not None:
             said.append(f"routed {self.routing:.4g} of {self.pairs} (token, MoE layer) pairs to other experts than the "
                         "trainer" + (f" > fleet.drift_gate.max_routing_mismatch={cfg.max_routing_mismatch}"
-                                     if self.routing > cfg.max_routing_mismatch else ""))
+                                     if _above(self.routing, cfg.max_routing_mismatch) else ""))
         return f"server {self.server} (weights version {self.version}) " + "; ".join(said)
 
     def trips(self, cfg: DriftGateConfig) -> bool:
         routing = self.routing is not None and cfg.max_routing_mismatch is not None
-        return self.drift > cfg.max_drift or (routing and self.routing > cfg.max_routing_mismatch)
+        return _above(self.drift, cfg.max_drift) or (routing and _above(self.routing, cfg.max_routing_mismatch))
+
+
+def _above(figure: float, limit: float) -> bool:
+    """``figure > limit``, and True for NaN: a server whose log-probs give no number (NaN, or -inf
+    against -inf) is the one to take out, and ``nan > limit`` is False."""
+    return not figure <= limit
 
 
 def per_server(metrics: dict) -> dict[str, tuple[float, float, float, float]]:
@@ -103,6 +109,14 @@ class DriftGate:
     def every_server_tripped(self) -> bool:
         return bool(self.seen) and self.seen <= self.tripped
 
+    def state_dict(self) -> dict:
+        """The servers seen and those tripped (saved with the trainer's checkpoint); a window under
+        way is not saved, so a resumed run starts new windows."""
+        return {"seen": sorted(self.seen), "tripped": sorted(self.tripped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen, self.tripped = set(state.get("seen", ())), set(state.get("tripped", ()))
+
 
 class DriftGateError(RuntimeError):
     """Every server of the fleet tripped the drift gate: the run stops (its last step is saved)."""
@@ -131,6 +145,14 @@ class FleetGate:
         for trip in trips:
             source.server_tripped(trip.server, trip.version, drop=self.cfg.before_trip == "drop")
         return {"gate/trips": float(len(trips)), "gate/tripped_servers": float(len(self.gate.tripped))}, stop
+
+    def state_dict(self) -> dict:
+        """Collective (every rank calls it): the judging rank's `DriftGate.state_dict`, on every rank."""
+        return from_the_one_rank(self.gate.state_dict() if self.judges else None)
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state of `state_dict` (every rank keeps it; only the judging rank reads it)."""
+        self.gate.load_state_dict(state)
 
     def _act(self, trip: Trip, retire_it: bool) -> None:
         regs = [r for r in registered(self.fleet_dir) if server_key(r.url) == trip.server]

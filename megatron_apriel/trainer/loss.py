@@ -17,11 +17,16 @@ filtered (truncated) sequences:
 with w_i = n_i ("length", the authors' choice) or 1 ("equal"), B = sequences in the step.
 
 Mismatch corrections (``loss.correction``, RECIPE.md section 10): with rho_t = pi_t / mu_t, the
-trainer's probability of token t under the weights that start the step over vLLM's, a correction
-weighs each token (w_t) or sequence (w_i), detached, and takes the ratio against the step's own
-weights instead of mu. The trainer makes one optimizer step per batch, so those weights are the
-current ones: the proximal policy of the decoupled loss is sg[pi], its ratio is 1 in value (the clip
-never binds), and the loss is the policy gradient weighted by w, as the peers' bypass corrections.
+trainer's probability of token t under the weights that start the step over vLLM's (log rho clamped
+to +-20), and g_i = exp(mean_t log rho_t), a correction weighs each token (w_t) or sequence (w_i),
+detached, or masks it. ``loss.correction_anchor`` says what the ratio is taken against:
+- behaviour (the default): mu, as the recipe, so its clip keeps the trust region. That ratio carries
+  rho in value already (rho_t per token for grpo, g_i for GSPO), so each weight is divided by it:
+  where the clip does not bind the gradient is the one below, where it binds it is 0 (`on_behaviour`);
+- current: the step's own weights, sg[pi]. The trainer makes one optimizer step per batch, so the
+  proximal policy of the decoupled loss is sg[pi], its ratio is 1 in value (the clip never binds),
+  and the loss is the policy gradient weighted by w, as the peers' bypass corrections.
+``loss.correction_count=kept`` leaves what a mask dropped out of the counts the loss divides by.
 
 Context parallelism: a rank holds part of each sequence's tokens. ``seq_total`` sums an ``[S]``
 tensor over the ranks that share the sequences (the CP group); the per-sequence quantities (n_i,
@@ -79,35 +84,122 @@ def _whole(local_S: torch.Tensor, inp: LossInputs) -> torch.Tensor:
     return local_S + (inp.seq_total(detached.clone()) - detached)
 
 
+LOG_RHO_BOUND = 20.0
+"""Every rho the corrections and their figures use is exp of a log rho clamped to [-20, 20] (verl's
+safety bound, rho in [2e-9, 5e8]): a token vLLM gave (almost) no probability cannot overflow a weight."""
+
+
 class Correction(NamedTuple):
-    log_rho_N: torch.Tensor  # float [N], log pi_t - log mu_t, detached (0 where mask_N is False)
+    log_rho_N: torch.Tensor  # float [N], log pi_t - log mu_t, detached, in +-LOG_RHO_BOUND (0 off mask_N)
     token_w_N: torch.Tensor | None  # float [N], the tokens' weights; None: all 1
     seq_w_S: torch.Tensor | None  # float [S], the sequences' weights; None: all 1
-    cut_N: torch.Tensor  # bool [N], loss tokens the correction truncated or masked
+    cut_N: torch.Tensor  # bool [N], loss tokens it truncated or masked, every token of a sequence it did included
     cut_S: torch.Tensor  # bool [S], sequences it truncated or masked
+    dropped_N: torch.Tensor | None = None  # bool [N], loss tokens a mask took out (token_mask, seq_mask)
+    log_g_S: torch.Tensor | None = None  # float [S], mean_t log rho_t over the whole sequence (None: none)
+
+
+def _token_level(cfg: LossConfig, rho_N: torch.Tensor, mask_N: torch.Tensor):
+    """(weights, cut, dropped) ``[N]`` of token_tis, token_mask, and the token TIS under seq_mask."""
+    if cfg.correction == "token_mask":
+        inside_N = (rho_N >= cfg.correction_low) & (rho_N <= cfg.correction_high)
+        return torch.where(inside_N, rho_N, 0.0), mask_N & ~inside_N, mask_N & ~inside_N
+    return rho_N.clamp(max=cfg.correction_clip), mask_N & (rho_N > cfg.correction_clip), None
+
+
+def _seq_level(cfg: LossConfig, log_sum_S: torch.Tensor, n_tok_S: torch.Tensor):
+    """(weights, cut, dropped) ``[S]`` of seq_tis, seq_is and seq_mask, from sum_t log rho_t."""
+    live_S = n_tok_S > 0
+    if cfg.correction == "seq_is":  # the product: its log bounded as every log rho is
+        prod_S = log_sum_S.clamp(-LOG_RHO_BOUND, LOG_RHO_BOUND).exp()
+        return prod_S.clamp(max=cfg.correction_seq_clip), live_S & (prod_S > cfg.correction_seq_clip), None
+    geo_S = (log_sum_S / n_tok_S.clamp(min=1)).exp()
+    if cfg.correction == "seq_tis":
+        return geo_S.clamp(max=cfg.correction_seq_high), live_S & (geo_S > cfg.correction_seq_high), None
+    inside_S = (geo_S >= cfg.correction_seq_low) & (geo_S <= cfg.correction_seq_high)  # seq_mask
+    return inside_S.to(geo_S.dtype), live_S & ~inside_S, live_S & ~inside_S
 
 
 def correction_weights(inp: LossInputs, cfg: LossConfig, n_tok_S: torch.Tensor) -> Correction:
     """The weights of ``cfg.correction`` (module docstring), from the detached log-probs."""
     n_seq = inp.adv_S.shape[0]
-    log_rho_N = torch.where(inp.mask_N, inp.logp_N.detach() - inp.old_logp_N, 0.0)
-    rho_N = log_rho_N.exp()
-    none_N, none_S = torch.zeros_like(inp.mask_N), torch.zeros(n_seq, dtype=torch.bool, device=rho_N.device)
+    log_rho_N = torch.where(inp.mask_N, (inp.logp_N.detach() - inp.old_logp_N).clamp(-LOG_RHO_BOUND, LOG_RHO_BOUND),
+                            0.0)
     if cfg.correction == "none":
-        return Correction(log_rho_N, None, None, none_N, none_S)
-    geo_S = (_whole(_per_seq_sum(log_rho_N, inp, n_seq), inp) / n_tok_S.clamp(min=1)).exp()  # [S]
-    tis_N, over_N = rho_N.clamp(max=cfg.correction_clip), inp.mask_N & (rho_N > cfg.correction_clip)
-    if cfg.correction == "token_tis":
-        return Correction(log_rho_N, tis_N, None, over_N, none_S)
-    if cfg.correction == "seq_tis":
-        over_S = (geo_S > cfg.correction_clip) & (n_tok_S > 0)
-        return Correction(log_rho_N, None, geo_S.clamp(max=cfg.correction_clip), none_N, over_S)
-    if cfg.correction == "token_mask":
-        inside_N = (rho_N >= cfg.correction_low) & (rho_N <= cfg.correction_high)
-        return Correction(log_rho_N, torch.where(inside_N, rho_N, 0.0), None, inp.mask_N & ~inside_N, none_S)
-    inside_S = (geo_S >= cfg.correction_low) & (geo_S <= cfg.correction_high)  # seq_mask
-    kept_N = inside_S[inp.seq_N.clamp(0, n_seq - 1)]
-    return Correction(log_rho_N, tis_N, inside_S.to(rho_N.dtype), over_N & kept_N, ~inside_S & (n_tok_S > 0))
+        none_S = torch.zeros(n_seq, dtype=torch.bool, device=log_rho_N.device)
+        return Correction(log_rho_N, None, None, torch.zeros_like(inp.mask_N), none_S)
+    log_sum_S = _whole(_per_seq_sum(log_rho_N, inp, n_seq), inp)  # [S]
+    log_g_S = log_sum_S / n_tok_S.clamp(min=1)
+    if cfg.correction in ("token_tis", "token_mask"):
+        token_w_N, cut_N, dropped_N = _token_level(cfg, log_rho_N.exp(), inp.mask_N)
+        return Correction(log_rho_N, token_w_N, None, cut_N, torch.zeros_like(n_tok_S, dtype=torch.bool), dropped_N,
+                          log_g_S)
+    seq_w_S, cut_S, dropped_S = _seq_level(cfg, log_sum_S, n_tok_S)
+    seq = inp.seq_N.clamp(0, n_seq - 1)
+    token_w_N, cut_N = None, inp.mask_N & cut_S[seq]
+    if cfg.correction == "seq_mask":  # token TIS on the sequences it keeps
+        token_w_N, over_N, _ = _token_level(cfg, log_rho_N.exp(), inp.mask_N)
+        cut_N = cut_N | over_N
+    dropped_N = None if dropped_S is None else inp.mask_N & dropped_S[seq]
+    return Correction(log_rho_N, token_w_N, seq_w_S, cut_N, cut_S, dropped_N, log_g_S)
+
+
+def on_behaviour(corr: Correction, inp: LossInputs, cfg: LossConfig) -> Correction:
+    """The weights to put on a ratio taken against mu (``correction_anchor=behaviour``). That ratio
+    carries rho already in value (rho_t per token for grpo, g_i per sequence for GSPO), so each
+    weight is divided by it: wherever the clip does not bind, the gradient is that of the weights
+    on the ratio pi / sg[pi]; where it binds, it is 0. A mask stays a mask."""
+    n_seq = inp.adv_S.shape[0]
+    seq = inp.seq_N.clamp(0, n_seq - 1)
+    if cfg.kind == "grpo":
+        w_N = torch.exp(-corr.log_rho_N)
+        w_N = w_N if corr.token_w_N is None else w_N * corr.token_w_N
+        w_N = w_N if corr.seq_w_S is None else w_N * corr.seq_w_S[seq]
+        return corr._replace(token_w_N=w_N, seq_w_S=None)
+    inv_g_S = torch.exp(-corr.log_g_S)
+    if corr.token_w_N is None:
+        return corr._replace(seq_w_S=inv_g_S * corr.seq_w_S)
+    return corr._replace(token_w_N=corr.token_w_N * inv_g_S[seq])
+
+
+def _anchor(cfg: LossConfig) -> str:
+    """What the policy ratio is taken against: mu (the recipe, no correction), or the correction's anchor."""
+    return "mu" if cfg.correction == "none" else cfg.correction_anchor
+
+
+def _anchored_log_ratio(inp: LossInputs, cfg: LossConfig, corr: Correction) -> torch.Tensor:
+    """log of the policy ratio ``[N]``: against mu (the recipe), or, with a correction, against mu
+    with the value of log rho bounded (behaviour) or against sg[pi] (current)."""
+    if _anchor(cfg) == "mu":
+        return inp.logp_N - inp.old_logp_N
+    own_N = inp.logp_N - inp.logp_N.detach()
+    return own_N + corr.log_rho_N if _anchor(cfg) == "behaviour" else own_N
+
+
+def _mu_ratio_stats(inp: LossInputs, cfg: LossConfig, corr: Correction, keep_S: torch.Tensor) -> dict:
+    """``train/ratio_*`` and ``train/clip_fraction`` against mu when the loss's own ratio is against
+    sg[pi] (1 in value): what the recipe's clip would see."""
+    n_seq = inp.adv_S.shape[0]
+    seq = inp.seq_N.clamp(0, n_seq - 1)
+    if cfg.kind == "grpo":
+        ratio_N = corr.log_rho_N.exp()
+        _, clipped_N = _clipped_objective(ratio_N, inp.adv_S[seq], cfg.eps_low, cfg.eps_high)
+        live = inp.mask_N & (keep_S[seq] > 0)
+        return {"ratio": ratio_N[live], "clipped": clipped_N[live]}
+    ratio_S = corr.log_g_S.exp()
+    _, clipped_S = _clipped_objective(ratio_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
+    counted = (keep_S > 0) & inp.counts_sequences
+    return {"ratio": ratio_S[counted], "clipped": clipped_S[counted]}
+
+
+def _normalisers(inp: LossInputs, cfg: LossConfig, corr: Correction, n_tok_S: torch.Tensor):
+    """(tokens per sequence ``[S]`` the loss's means divide by, kept loss tokens ``[N]``, sequences
+    whose every token a mask dropped ``[S]``): with ``correction_count=kept`` the dropped leave them."""
+    if cfg.correction_count == "all" or corr.dropped_N is None:
+        return n_tok_S, inp.mask_N, torch.zeros_like(n_tok_S, dtype=torch.bool)
+    kept_N = inp.mask_N & ~corr.dropped_N
+    n_kept_S = _whole(_per_seq_sum(kept_N.to(inp.logp_N.dtype), inp, inp.adv_S.shape[0]), inp)
+    return n_kept_S, kept_N, (n_tok_S > 0) & (n_kept_S == 0)
 
 
 def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
@@ -118,21 +210,32 @@ def policy_loss(inp: LossInputs, cfg: LossConfig) -> LossOutput:
     if cfg.overlong_filtering:
         keep_S = keep_S * (~inp.truncated_S).float()
     corr = correction_weights(inp, cfg, n_tok_S)
-    anchor_N = inp.old_logp_N if cfg.correction == "none" else inp.logp_N.detach()
-    log_ratio_N = inp.logp_N - anchor_N
+    log_ratio_N = _anchored_log_ratio(inp, cfg, corr)
+    weights = on_behaviour(corr, inp, cfg) if _anchor(cfg) == "behaviour" else corr
+    norm = _normalisers(inp, cfg, corr, n_tok_S)
     if cfg.kind == "grpo":
-        loss_sum, count, ratio_stats = _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr)
+        loss_sum, count, ratio_stats = _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, weights, norm)
     else:
-        loss_sum, count, ratio_stats = _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr)
+        loss_sum, count, ratio_stats = _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, weights, norm)
+    if _anchor(cfg) == "current":
+        ratio_stats = _mu_ratio_stats(inp, cfg, corr, keep_S)
     metrics = _metrics(inp, inp.logp_N - inp.old_logp_N, keep_S, n_tok_S, ratio_stats)
     metrics.update(_mismatch_metrics(inp, corr, n_tok_S))
     return LossOutput(loss_sum, count, metrics)
 
 
-def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
+def _seq_count(inp: LossInputs, dropped_S: torch.Tensor, device) -> torch.Tensor:
+    """The sequences the step divides by, less those a mask dropped whole (once over the CP group)."""
+    if not inp.counts_sequences:
+        return torch.zeros((), dtype=torch.int, device=device)
+    return (inp.adv_S.shape[0] - dropped_S.sum()).to(device=device, dtype=torch.int)
+
+
+def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction, norm):
     n_seq = inp.adv_S.shape[0]
+    n_norm_S, _, dropped_S = norm
     log_s_S = _whole(_per_seq_sum(log_ratio_N, inp, n_seq), inp) / n_tok_S.clamp(min=1)
-    weight_S = n_tok_S if cfg.seq_weighting == "length" else torch.ones_like(n_tok_S)
+    weight_S = n_norm_S if cfg.seq_weighting == "length" else torch.ones_like(n_tok_S)
     if corr.seq_w_S is not None:
         weight_S = weight_S * corr.seq_w_S
     if cfg.kind == "gspo" and inp.seq_total is None and corr.token_w_N is None:
@@ -144,18 +247,19 @@ def _gspo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
                                       cfg.eps_high)
         if corr.token_w_N is not None:
             obj_N = obj_N * corr.token_w_N
-        obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)
+        obj_S = _per_seq_sum(obj_N, inp, n_seq) / n_norm_S.clamp(min=1)
         s_S = log_s_S.detach().exp()
         _, clipped_S = _clipped_objective(s_S, inp.adv_S, cfg.eps_low, cfg.eps_high)
     loss_sum = -(weight_S * keep_S * obj_S).sum()
-    count = torch.tensor(n_seq if inp.counts_sequences else 0, dtype=torch.int, device=loss_sum.device)
+    count = _seq_count(inp, dropped_S, loss_sum.device)
     counted = (keep_S > 0) & inp.counts_sequences
     stats = {"ratio": s_S.detach()[counted], "clipped": clipped_S[counted]}
     return loss_sum, count, stats
 
 
-def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
+def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction, norm):
     n_seq = inp.adv_S.shape[0]
+    n_norm_S, kept_N, dropped_S = norm
     seq = inp.seq_N.clamp(0, n_seq - 1)
     ratio_N = log_ratio_N.exp()
     obj_N, clipped_N = _clipped_objective(ratio_N, inp.adv_S[seq], cfg.eps_low, cfg.eps_high)
@@ -166,10 +270,10 @@ def _grpo(inp, cfg, log_ratio_N, keep_S, n_tok_S, corr: Correction):
         obj_N = obj_N * corr.seq_w_S[seq]
     if cfg.aggregation == "token_mean":
         loss_sum = -obj_N[inp.mask_N].sum()
-        count = inp.mask_N.sum().to(torch.int)  # this rank's tokens: under CP the ranks' counts add up
+        count = kept_N.sum().to(torch.int)  # this rank's tokens: under CP the ranks' counts add up
     else:
-        loss_sum = -(_per_seq_sum(obj_N, inp, n_seq) / n_tok_S.clamp(min=1)).sum()
-        count = torch.tensor(n_seq if inp.counts_sequences else 0, dtype=torch.int, device=loss_sum.device)
+        loss_sum = -(_per_seq_sum(obj_N, inp, n_seq) / n_norm_S.clamp(min=1)).sum()
+        count = _seq_count(inp, dropped_S, loss_sum.device)
     live = inp.mask_N & (keep_S[seq] > 0)
     stats = {"ratio": ratio_N.detach()[live], "clipped": clipped_N[live]}
     return loss_sum, count, stats
@@ -212,11 +316,13 @@ LAG_BUCKETS = 4
 
 
 def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) -> dict:
-    """Sums per lag bucket over the loss tokens: count, |log rho|, the k3 estimate of KL(mu || pi)
-    ((rho - 1) - log rho, >= 0) and the tokens the correction cut; and the sequences it cut."""
+    """Sums per lag bucket over the loss tokens: count, |log rho| (unbounded: a token vLLM gave no
+    probability shows as inf), the k3 estimate of KL(mu || pi) ((rho - 1) - log rho, >= 0, from the
+    bounded log rho) and the tokens the correction cut; and the sequences it cut."""
     tok = inp.mask_N
-    log_rho = corr.log_rho_N.detach()
-    k3 = torch.expm1(log_rho.double()) - log_rho.double()  # fp64: at fp32 round-off drift, exp(x) - 1 - x cancels
+    log_rho = torch.where(tok, inp.logp_N.detach() - inp.old_logp_N, 0.0)
+    bounded = corr.log_rho_N.detach().double()
+    k3 = torch.expm1(bounded) - bounded  # fp64: at fp32 round-off drift, exp(x) - 1 - x cancels
     once = 1.0 if inp.counts_sequences else 0.0
     m = {"mm_seqs": (n_tok_S > 0).sum().float() * once, "mm_seqs_cut": corr.cut_S.sum().float() * once}
     lag = inp.lag_N.clamp(0, LAG_BUCKETS - 1) if inp.lag_N is not None else torch.zeros_like(inp.seq_N)
@@ -224,7 +330,7 @@ def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) 
     for k in buckets:  # masked sums, not boolean indexing: no device-to-host sync in the schedule
         where = tok & (lag == (0 if k == "all" else k))
         m[f"mm_{k}_tokens"] = where.sum().float()
-        m[f"mm_{k}_abs_log_rho_sum"] = (log_rho.abs() * where).sum()
+        m[f"mm_{k}_abs_log_rho_sum"] = torch.where(where, log_rho.abs(), 0.0).sum()  # an inf stays in its bucket
         m[f"mm_{k}_k3_sum"] = (k3 * where).sum()
         m[f"mm_{k}_cut"] = (corr.cut_N & where).sum().float()
     return {k: v.detach().float().to(inp.logp_N.device) for k, v in m.items()}

@@ -70,8 +70,9 @@ def server_routing(per_mb: list[torch.Tensor], microbatches: list[MicroBatch]) -
     pairs whose top-k set from vLLM differs from the trainer's own
     (``mismatch/server/<host:port>/routing_mismatch``, ``.../routing_compared``). ``per_mb``: the
     routing taps' per-sequence counts of this rank's training micro-batches, in their order; summed
-    over every rank (a collective: every rank calls it). Under tensor parallelism without sequence
-    parallelism each TP rank counts the same pairs, which leaves the share unchanged."""
+    over every rank (a collective: every rank calls it). Each pair is counted once: a MoE under tensor
+    parallelism needs sequence parallelism (``model/provider.moe_kwargs`` refuses it otherwise), so each
+    TP rank's routers see only its slice of the positions."""
     mine = [(server, mismatched, compared) for counts, mb in zip(per_mb, microbatches)
             for server, (mismatched, compared) in zip(mb.servers, counts.tolist()) if server and compared]
     out = {}

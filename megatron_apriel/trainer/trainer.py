@@ -88,6 +88,8 @@ class Trainer:
                                     ctx=self.ctx)
             self.step = state["step"]
             self.source.load_state_dict(state["source"])
+            if self.gate is not None:  # a checkpoint saved before the gate's state was kept has none
+                self.gate.load_state_dict(state.get("gate", {}))
             log.info("resumed from %s at step %d", latest, self.step)
         elif self.ckpt.load:
             load_model_weights(self.ckpt.load, self.chunks)
@@ -98,9 +100,12 @@ class Trainer:
 
     def save(self) -> None:
         t0 = time.perf_counter()
+        extra = {"source": self.source.state_dict()}
+        if self.gate is not None:
+            extra["gate"] = self.gate.state_dict()
         path = save_checkpoint(self.ckpt_root, self.step, chunks=self.chunks, optimizer=self.optimizer,
-                               scheduler=self.scheduler, ctx=self.ctx, extra={"source": self.source.state_dict()},
-                               arch=self.arch, keep_last=self.ckpt.keep_last)
+                               scheduler=self.scheduler, ctx=self.ctx, extra=extra, arch=self.arch,
+                               keep_last=self.ckpt.keep_last)
         self._save_s = time.perf_counter() - t0
         log.info("saved %s in %.1fs", path, self._save_s)
         self._write_stop_cost(path)

@@ -34,8 +34,10 @@ GSPO = LossConfig(kind="gspo", eps_low=0.2, eps_high=0.2, temperature=0.9)
 DAPO = LossConfig(kind="grpo", aggregation="token_mean", eps_low=0.2, eps_high=0.28)
 # bounds inside this case's spread of rho (0.05 to 0.95: the random weights are not the behaviour policy),
 # so that each correction keeps some tokens and sequences and cuts others
-SEQ_MASK = dataclasses.replace(GSPO, correction="seq_mask", correction_low=0.2, correction_clip=0.5)
-TOKEN_MASK = dataclasses.replace(DAPO, correction="token_mask", correction_low=0.1)
+# (seq_mask on the default anchor, the ratio against mu with GSPO's clip; token_mask on the step's own weights)
+SEQ_MASK = dataclasses.replace(GSPO, correction="seq_mask", correction_seq_low=0.2, correction_seq_high=2.0,
+                               correction_clip=0.5)
+TOKEN_MASK = dataclasses.replace(DAPO, correction="token_mask", correction_anchor="current", correction_low=0.1)
 
 
 def reference_state(model_full_names) -> dict:

@@ -3,9 +3,11 @@ the run directory (a real apriel-serve watcher stopping a real process), the str
 dropping the tripped server's earlier groups, and the fleet client taking the server out."""
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -17,7 +19,7 @@ from megatron_apriel.fleet.registry import register, registered, retire, retire_
 from megatron_apriel.parallel.rendezvous import free_port
 from megatron_apriel.records.config import RolloutConfig
 from megatron_apriel.records.stream import StreamWriter
-from megatron_apriel.trainer.drift_gate import DriftGate, per_server
+from megatron_apriel.trainer.drift_gate import DriftGate, FleetGate, per_server
 from megatron_apriel.trainer.stream_source import StreamSource
 from tests.unit.records.test_stream import group, snap
 from tests.unit.trainer.test_stream_source import ctx  # noqa: F401  (the fixture)
@@ -198,3 +200,60 @@ def test_register_writes_what_retire_removes(tmp_path):
     other = register(tmp_path, "http://h:6", pid=2, host="h")
     retire(tmp_path, reg, "why")
     assert registered(tmp_path) == [other] and retire_request(tmp_path, other.instance) is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_drift_that_is_no_number_trips_and_says_why(bad):
+    """A server whose log-probs give NaN (or inf) drift is the one to take out: ``nan > max`` is False."""
+    (trip,) = DriftGate(CFG).observe(figures(a_1=(bad, 500)), version=1)
+    assert trip.server == "a:1" and "max_drift=0.05" in trip.describe(CFG)
+    (trip,) = DriftGate(ROUTED).observe(routed(a_1=(0.001, 500, bad, 1000)), version=1)
+    assert "max_routing_mismatch=0.1" in trip.describe(ROUTED) and "max_drift" not in trip.describe(ROUTED)
+
+
+class _Source:
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _trainer(tmp_path, gate):
+    from megatron_apriel.trainer.config import CheckpointConfig, LossConfig, TrainerConfig
+    from megatron_apriel.trainer.trainer import ModelParts, Trainer
+
+    return Trainer(trainer=TrainerConfig(), loss=LossConfig(), checkpoint=CheckpointConfig(), checkpoints=tmp_path,
+                   init_hf=None, ctx=SimpleNamespace(rank=0), parts=ModelParts(None, [], None, None),
+                   source=_Source(), logger=None, stop=SimpleNamespace(), gate=gate)
+
+
+def test_the_gates_seen_and_tripped_servers_are_saved_with_the_checkpoint_and_restored(tmp_path, monkeypatch):
+    """A run that stopped because every server tripped resumes knowing it; a checkpoint saved
+    before the gate's state was kept (no "gate" in state.json) still loads."""
+    import megatron_apriel.trainer.drift_gate as drift_gate
+    import megatron_apriel.trainer.trainer as trainer_mod
+
+    state_json: dict = {}
+
+    def save(root, step, *, extra, **_):
+        state_json.clear()
+        state_json.update(json.loads(json.dumps({"step": step, **extra})))  # as state.json holds it
+        return tmp_path
+
+    monkeypatch.setattr(drift_gate, "from_the_one_rank", lambda obj: obj)  # one rank: it is the judge
+    monkeypatch.setattr(trainer_mod, "save_checkpoint", save)
+    monkeypatch.setattr(trainer_mod, "latest_checkpoint", lambda root: tmp_path if state_json else None)
+    monkeypatch.setattr(trainer_mod, "load_checkpoint", lambda path, **_: state_json)
+    first = _trainer(tmp_path, FleetGate(CFG, tmp_path / "fleet", is_logging_rank=True))
+    first.gate.gate.observe(figures(a_1=(0.3, 500), b_2=(0.001, 500), c_3=(0.001, 100)), version=0)
+    first.gate.gate.observe(figures(b_2=(0.3, 500)), version=1)
+    first.save()
+    resumed = _trainer(tmp_path, FleetGate(CFG, tmp_path / "fleet", is_logging_rank=True))
+    assert resumed.gate.gate.seen == {"a:1", "b:2", "c:3"} and resumed.gate.gate.tripped == {"a:1", "b:2"}
+    assert resumed.gate.gate.window == {}  # c's window under way is not saved
+    resumed.gate.gate.observe(figures(c_3=(0.3, 500)), version=2)
+    assert resumed.gate.gate.every_server_tripped
+    del state_json["gate"]
+    older = _trainer(tmp_path, FleetGate(CFG, tmp_path / "fleet", is_logging_rank=True))
+    assert older.step == 0 and older.gate.gate.tripped == set()

@@ -105,8 +105,9 @@ MISMATCH = ("mismatch/fresh/abs_log_rho", "mismatch/stale/kl_k3", "mismatch/lag2
                                         ("seqmask/cp2_packed", "seqmask/tp1_dp2"),
                                         ("tokmask/pp2_packed", "tokmask/tp1_dp2")])
 def test_corrections_and_mismatch_figures_agree_across_layouts(results, name, base):
-    """loss.correction=seq_mask (sequence weights summed over CP ranks, then token TIS) and token_mask:
-    the same step and the same mismatch figures at every layout."""
+    """loss.correction=seq_mask (sequence weights summed over CP ranks, then token TIS, on the behaviour
+    anchor) and token_mask (on the current anchor): the same step and the same mismatch figures at
+    every layout."""
     assert_same_step(results[name], results[base])
     for key in MISMATCH:
         assert results[name]["metrics"][key] == pytest.approx(results[base]["metrics"][key], abs=ATOL), key
@@ -130,18 +131,20 @@ def test_each_servers_fresh_drift_is_the_mean_over_the_fresh_tokens_it_sampled(r
 
 def test_the_seq_mask_step_is_the_reference_loss_of_its_log_probs(results):
     """From the step's own log-probs (taken before it) and the samples' behaviour log-probs, the
-    corrected loss by the formulas: -(1/B) sum_i n_i w_i mean_t min(rho_t, C) A_i (the ratio against
-    the step's own weights is 1), w_i = 1 if the geometric mean of rho is in [low, high] else 0."""
+    corrected loss by the formulas, on the behaviour anchor (the default): -(1/B) sum_i n_i w_i
+    mean_t (min(rho_t, C) / g_i) min(g_i A_i, clip(g_i) A_i), the GSPO ratio against mu being the
+    geometric mean g_i of rho, and w_i = 1 if g_i is in [seq_low, seq_high] else 0."""
     run, cfg = results["seqmask/tp1_dp2"], SEQ_MASK
     total, cut = 0.0, 0
     for i, s in enumerate(samples()):
         log_rho = run["logp"][i].double() - torch.as_tensor(s.behaviour_logprobs).double()
         geo = log_rho.mean().exp().item()
-        inside = cfg.correction_low <= geo <= cfg.correction_high
+        inside = cfg.correction_seq_low <= geo <= cfg.correction_seq_high
         cut += not inside
         if s.truncated or not inside:
             continue
-        total -= len(log_rho) * log_rho.exp().clamp(max=cfg.correction_clip).mean().item() * s.advantage
+        clipped = min(geo * s.advantage, min(max(geo, 1 - cfg.eps_low), 1 + cfg.eps_high) * s.advantage)
+        total -= len(log_rho) * (log_rho.exp().clamp(max=cfg.correction_clip) / geo).mean().item() * clipped
     assert run["metrics"]["train/loss"] == pytest.approx(total / len(samples()), abs=ATOL)
     assert run["metrics"]["mismatch/seqs_cut_share"] == pytest.approx(cut / len(samples()))
     assert 0 < cut < len(samples())  # the case masks some sequences and keeps others
