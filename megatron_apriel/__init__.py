@@ -12,7 +12,7 @@ the longest name that matches a module places it (a layer may take several lines
     1 parallel:      _patches parallel
     2 model:         model
     3 convert, plan: convert plan
-    4 sync, verify:  weight_sync verifiers serving
+    4 sync, verify:  weight_sync verifiers envs serving
     5 data:          data
     6 fleet access:  fleet
     7 sides:         trainer | actor eval | tiny
