@@ -11,7 +11,8 @@ every stop signal SLURM really sends:
   is the newest checkpoint; the same job submitted again resumes from it and completes with the
   loop's outputs, and slurm/convert.sbatch converts its final checkpoint;
 - a one-node job (the trainer and the fleet share a node whose fake GPUs SLURM schedules): each
-  process gets its share of the GPUs and the job completes (its requeue is the hetjob's: one script);
+  process gets its share of the GPUs; the time-limit warning's signal (``scancel -b --signal=USR1``)
+  requeues it and the next attempt completes;
 - a vLLM server killed inside a running job: the trainer saves its last step within its grace,
   the whole job ends within the stated bound, the job log names the server step, and no process
   of the job survives.
@@ -254,12 +255,13 @@ def test_a_killed_server_ends_the_job(slurm_cluster, tiny_base, tmp_path):
     assert leftovers(run, job) == []
 
 
-def test_one_node_job_hands_out_the_gpus_and_completes(slurm_cluster, tiny_base, tmp_path):
+def test_one_node_job_hands_out_the_gpus_and_requeues_at_the_time_limit_warning(slurm_cluster, tiny_base, tmp_path):
     """The trainer and the fleet share one node whose 4 GPUs SLURM schedules (fake GRES,
     tools/setup_slurm.sh): the server takes GPU 0 and the trainer's ranks 1,2 (launch.gpus_per_node's
-    split, as the local launch makes it), and the job completes with the loop's outputs. Its
-    requeue is the hetjob's: the one job script requeues both shapes alike (one proof, one run)."""
-    run, steps = new_run_dir(tmp_path, tiny_base), 2
+    split, as the local launch makes it). The time-limit warning (SIGUSR1 to the batch shell, which
+    the test sends itself after the first step: SLURM's own timer is the hetjob test's, and takes a
+    long run to land inside) requeues the job, which resumes and completes."""
+    run, steps = new_run_dir(tmp_path, tiny_base), 3  # a step before the signal, and one or two after the resume
     proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}",
                        "launch.gpus_per_node=4", "slurm.gpus_per_node=4", "slurm.servers_per_node=0"], job_env())
     assert proc.returncode == 0, proc.stderr
@@ -267,19 +269,26 @@ def test_one_node_job_hands_out_the_gpus_and_completes(slurm_cluster, tiny_base,
             "trainer on 1,2, idle 3)") in proc.stdout
     job = submitted_job(proc.stdout)
     log = run / "slurm" / f"apriel-{job}.out"
+    wait_for(lambda: len(metrics(run)) >= 1, 600, "a first step", job, log)
+    subprocess.run(["scancel", "-b", "--signal=USR1", job], check=True)
+    start_when_requeued(job, log)
     wait_gone(job, 900, log)
 
     out = log.read_text()
     assert job_field(job, "JobState") == "COMPLETED", tail(log)
-    assert re.search(r"\(one node\): trainer on (n\d) .* fleet on \1 ", out), out[:2000]
-    assert "done:" in out
+    assert job_field(job, "Restarts") == "1", tail(log)
+    first, second = (attempt_log(out, job, a) for a in range(2))
+    assert re.search(r"\(one node\): trainer on (n\d) .* fleet on \1 ", first), first[:2000]
+    assert "stop signal (SIGUSR1): the trainer finishes its step" in first and "requeueing job" in first
+    assert "done:" in second
     logs = run / "logs"
-    # the steps saw the node's 4 GPUs (SLURM's CUDA_VISIBLE_DEVICES); each process kept its share
-    assert (logs / "prepare.log").read_text().count("servers 0, trainer 1,2, idle 3") == 1
+    # every attempt's steps saw the node's 4 GPUs (SLURM's CUDA_VISIBLE_DEVICES); each process kept its share
+    assert (logs / "prepare.log").read_text().count("servers 0, trainer 1,2, idle 3") == 2
     served = re.findall(r"serve: server 0 on n\d \S+, GPUs (\S+)", (logs / "server_0.log").read_text())
-    assert served == ["0"], served
+    assert served == ["0", "0"], served
     trained = re.findall(r"the trainer's ranks on GPUs (\S+)", (logs / "trainer.log").read_text())
-    assert trained == ["1,2"], trained
+    assert trained == ["1,2", "1,2"], trained
     assert_each_step_once(run, steps)
+    assert len(re.findall(r"resumed from \S+step_\d+ at step \d+", (logs / "trainer.log").read_text())) == 1
     assert_loop_outputs(run, steps)
     assert leftovers(run, job) == []
