@@ -261,7 +261,7 @@ def test_one_node_job_hands_out_the_gpus_and_requeues_at_the_time_limit_warning(
     split, as the local launch makes it). The time-limit warning (SIGUSR1 to the batch shell, which
     the test sends itself after the first step: SLURM's own timer is the hetjob test's, and takes a
     long run to land inside) requeues the job, which resumes and completes."""
-    run, steps = new_run_dir(tmp_path, tiny_base), 3  # a step before the signal, and one or two after the resume
+    run, steps = new_run_dir(tmp_path, tiny_base), 6
     proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}",
                        "launch.gpus_per_node=4", "slurm.gpus_per_node=4", "slurm.servers_per_node=0"], job_env())
     assert proc.returncode == 0, proc.stderr
