@@ -15,7 +15,7 @@ one word long). ``block_after=N`` answers the first N requests and holds every l
 kill). Every request is recorded (`requests`: the trace window and its attempt number; `retries`:
 the retry message of each later attempt; `probes`: the one-message requests, answered ``OK``).
 
-As a server it also refuses: HTTP 404 for another path than ``.../v1/chat/completions`` or a model
+As a server it also refuses: HTTP 404 for another path than ``/v1/chat/completions`` or a model
 not its own, 401 without ``Authorization: Bearer <api_key>`` when ``api_key`` is set, and 429 with
 ``Retry-After: <retry_after>`` for the first ``throttle`` window requests (recorded in `requests`
 too, and counted in `throttled`).
@@ -106,7 +106,7 @@ class FakeJudge:
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -114,7 +114,7 @@ class FakeJudge:
 
     def _refusal(self, path: str, headers, body: dict) -> tuple[int, dict, dict] | None:
         """(status, headers, error body) of a request this server refuses, or None."""
-        if not path.endswith("/v1/chat/completions") or body.get("model") != self.model:
+        if path != "/v1/chat/completions" or body.get("model") != self.model:
             return 404, {}, {"error": {"message": f"The model `{body.get('model')}` or path {path} does not exist."}}
         if self.api_key is not None and headers.get("Authorization") != f"Bearer {self.api_key}":
             return 401, {}, {"error": {"message": "Incorrect API key provided."}}

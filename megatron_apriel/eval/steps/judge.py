@@ -160,8 +160,9 @@ def _fatal(cfg: JudgeConfig, response: httpx.Response | _Failed) -> str | None:
     """What to fix, when a probe's outcome means no window can be judged; None when it may be asked."""
     where = f"the judge at {cfg.endpoint}"
     if isinstance(response, _Failed):
+        why = response.rejection.detail.replace(" on " + cfg.endpoint, "")
         return None if response.wait is not None else \
-            f"cannot reach {where} ({response.rejection.detail}): check --judge-url and that the server is up."
+            f"cannot reach {where} ({why}): check --judge-url and that the server is up."
     said = response.text[:200].replace("\n", " ")
     if response.status_code in (401, 403):
         return (f"{where} refused the key (HTTP {response.status_code}: {said}): export it in ${cfg.api_key_env} "
