@@ -91,8 +91,15 @@ def _steps_parser(sub) -> None:
     p.add_argument("--judge-timeout", type=float, default=600.0, help="seconds one judge request may take")
     p.add_argument("--judge-attempts", type=int, default=3, help="requests per trace window before it is failed")
     p.add_argument("--judge-max-tokens", type=int, default=16384, help="the judge's answer budget per request")
+    p.add_argument("--judge-mode", choices=("boundaries", "copy"), default=None,
+                   help="boundaries (default, prompts v2): the judge quotes each step's first words and the trace is "
+                        "cut there; copy (prompts v1): the judge writes every step back in full")
     p.add_argument("--judge-prompts", type=Path, default=None,
-                   help="another prompts file of the packaged one's shape (default: eval/steps/prompts_v1.yaml)")
+                   help="another prompts file of the packaged ones' shape (default: eval/steps/prompts_v2.yaml, "
+                        "or prompts_v1.yaml with --judge-mode copy); its 'mode' key sets the mode")
+    p.add_argument("--judge-backoff", type=float, default=1.0,
+                   help="seconds before retrying a transient judge error (429, 5xx, timeout), doubled each time; "
+                        "the server's Retry-After wins")
     p.add_argument("--window-chars", type=int, default=12000,
                    help="longer traces are cut into windows at paragraph or sentence ends (or refused)")
     p.add_argument("--retry-failed", action="store_true", help="ask again for windows cached as failed")
@@ -240,22 +247,32 @@ def _steps_config(args: argparse.Namespace):
         judge = JudgeConfig(url=args.judge_url, model=args.judge_model,
                             api_key_env=args.judge_api_key_env or "OPENAI_API_KEY",
                             max_in_flight=args.judge_max_in_flight, timeout_s=args.judge_timeout,
-                            max_attempts=args.judge_attempts, max_tokens=args.judge_max_tokens)
+                            max_attempts=args.judge_attempts, max_tokens=args.judge_max_tokens,
+                            backoff_s=args.judge_backoff)
     return StepsConfig(benchmarks=tuple(args.bench), all_responses=args.all, judge=judge,
                        window_chars=args.window_chars, retry_failed=args.retry_failed, tokenizer=args.tokenizer,
                        offline=OfflineConfig(max_step_chars=args.max_step_chars), progress=not args.no_progress)
 
 
+def _prompts(args: argparse.Namespace):
+    from megatron_apriel.eval.steps.prompts import PROMPTS_FILES, load_prompts
+
+    prompts = load_prompts(args.judge_prompts or PROMPTS_FILES[args.judge_mode or "boundaries"])
+    if args.judge_mode and prompts.mode != args.judge_mode:
+        raise ValueError(f"--judge-mode {args.judge_mode}: {args.judge_prompts} is a {prompts.mode}-mode prompts file; "
+                         "drop one of the two, or set mode: in the file.")
+    return prompts
+
+
 def _steps(args: argparse.Namespace) -> int:
     """The composition root of ``apriel-eval steps``: each evaluation analysed, then compared."""
     from megatron_apriel.eval.steps.analyse import analyse
-    from megatron_apriel.eval.steps.prompts import load_prompts
     from megatron_apriel.eval.steps.report import console_table, write_steps_report
 
     if args.compare and len(args.evals) != 2:
         raise ValueError(f"--compare takes exactly two evaluations (base, then trained), got {len(args.evals)}.")
     cfg = _steps_config(args)
-    prompts = (load_prompts(args.judge_prompts) if args.judge_prompts else load_prompts()) if cfg.judge else None
+    prompts = _prompts(args) if cfg.judge else None
     reports = []
     for path in args.evals:
         report = analyse(path, cfg, prompts)

@@ -7,7 +7,8 @@ benchmark the report gives steps per response, tokens per step and the label sha
 
 Layout, one concern per file: ``prompts.py`` (the labels and the versioned ``prompts_v<N>.yaml``),
 ``offline.py`` (the rule-based segmenter), ``windows.py`` (long traces), ``validate.py`` (a judge's
-answer checked), ``judge.py`` (the OpenAI-compatible client), ``cache.py`` (verdicts by digest),
-``traces.py`` (the evaluations read, tokens counted), ``stats.py`` (the numbers, pure),
-``analyse.py`` (one evaluation end to end), ``report.py`` and ``compare.py`` (text and figures).
+answer checked), ``align.py`` (its steps placed in the trace, whitespace forgiven), ``judge.py``
+(the OpenAI-compatible client), ``cache.py`` (verdicts by digest), ``traces.py`` (the evaluations
+read, tokens counted), ``stats.py`` (the numbers, pure), ``analyse.py`` (one evaluation end to
+end), ``report.py`` and ``compare.py`` (text and figures).
 """

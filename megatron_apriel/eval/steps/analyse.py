@@ -102,7 +102,7 @@ def judge_traces(traces: Sequence[Trace], cfg: StepsConfig, prompts: Prompts,
         parts = [verdicts[d].result() for d, _ in pairs]
         failed = [p for p in parts if isinstance(p, Rejection)]
         results.append(failed[0] if failed else [s for part in parts for s in part])
-    section = {"model": cfg.judge.model, "url": cfg.judge.url, "prompts_version": prompts.version,
+    section = {"model": cfg.judge.model, "url": cfg.judge.url, "mode": prompts.mode, "prompts_version": prompts.version,
                "prompts_file": prompts.source, "prompts_fingerprint": prompts.fingerprint,
                "window_chars": cfg.window_chars, "windows": len(wanted), "cached_windows": len(known),
                "throughput": tally.as_dict()}

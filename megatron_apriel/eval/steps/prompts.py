@@ -5,6 +5,11 @@ these eight, in this order, or it is refused. Its ``version`` is part of every c
 digest and of the report, so a reworded prompt never reuses a verdict of the old wording; so is a
 fingerprint of the text itself, in case a file is edited without a new version. ``--judge-prompts``
 reads another file of the same shape (a judge with a short context, another wording).
+
+A prompts file also names its answer ``mode`` (`MODES`; ``copy`` when the key is absent, as in
+v1): ``copy``, the judge writes each step's full text back; ``boundaries`` (v2, the default), the
+judge quotes each step's first words only and the tool cuts the trace there (`align.py`), a
+fraction of the output tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ NON_PRODUCTIVE = "other"
 STRATEGIC: tuple[str, ...] = ("verification", "backtracking", "subgoal_setting", "backward_chaining")
 """The labels whose combined share the paper reports (11% -> 17%)."""
 
-PROMPTS_FILE = Path(__file__).with_name("prompts_v1.yaml")
+MODES: tuple[str, ...] = ("boundaries", "copy")
+PROMPTS_FILES: dict[str, Path] = {"boundaries": Path(__file__).with_name("prompts_v2.yaml"),
+                                  "copy": Path(__file__).with_name("prompts_v1.yaml")}
+"""The packaged prompts of each mode (``--judge-mode``)."""
+PROMPTS_FILE = PROMPTS_FILES["boundaries"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +43,15 @@ class Prompts:
     system: str
     retry: str
     source: str = str(PROMPTS_FILE)
+    mode: str = "copy"
+    """How the judge gives the steps (`MODES`)."""
 
     @property
     def fingerprint(self) -> str:
-        """The first 12 hex digits of the SHA-256 of the texts sent to the judge."""
-        return hashlib.sha256((self.system + "\0" + self.retry).encode()).hexdigest()[:12]
+        """The first 12 hex digits of the SHA-256 of the texts sent to the judge (and of the mode,
+        unless it is ``copy``: v1's fingerprints are unchanged)."""
+        text = self.system + "\0" + self.retry + ("" if self.mode == "copy" else "\0" + self.mode)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def retry_message(self, reason: str) -> str:
         return self.retry.replace("{reason}", reason)
@@ -58,7 +71,11 @@ def load_prompts(path: Path = PROMPTS_FILE) -> Prompts:
                          f"in order: {list(LABELS)}.")
     if not isinstance(data["version"], int) or data["version"] < 1:
         raise ValueError(f"{path}: version must be a positive integer, got {data['version']!r}.")
+    mode = data.get("mode", "copy")
+    if mode not in MODES:
+        raise ValueError(f"{path}: mode {mode!r} is not one of {list(MODES)} (absent: copy).")
     labels = "\n".join(f"- {name}: {meaning}" for name, meaning in data["labels"].items())
     system = "\n".join([data["segmentation"].strip(), data["classification"].replace("{labels}", labels).strip(),
                         data["answer_format"].strip()])
-    return Prompts(version=data["version"], system=system, retry=data["retry"].strip(), source=str(path))
+    return Prompts(version=data["version"], system=system, retry=data["retry"].strip(), source=str(path),
+                   mode=mode)

@@ -4,17 +4,21 @@
 
     {"kind": "apriel_eval_steps", "schema_version": 1, "label", "evaluation", "responses": correct|all,
      "method": {"segmenter": "offline-rules-v1"|"judge", "labels": bool,
-                "judge"?: {model, url, prompts_version, prompts_file, prompts_fingerprint, window_chars,
+                "judge"?: {model, url, mode, prompts_version, prompts_file, prompts_fingerprint, window_chars,
                            windows, cached_windows,
                            throughput: {requests, windows_judged, wall_s, requests_per_s,
-                                        completion_tokens, completion_tokens_per_s, attempt_failures}}},
+                                        completion_tokens, completion_tokens_per_s,
+                                        completion_tokens_per_window, completion_tokens_per_char,
+                                        attempt_failures}}},
      "tokens": what a token is here,
      "benchmarks": {NAME: {responses, accepted, failed, failure_share, failure_reasons, windowed_responses,
                            steps_per_response: {mean, median, ci95}, tokens_per_step: {mean, median, ci95},
                            labels?: {LABEL: {share, ci95}}, non_productive_share?, strategic_share?}},
      "traces": [{benchmark, problem_id, sample, success, windows, steps, tokens, labels | failure, detail}]}
 
-``throughput`` describes this invocation only (a rerun served from the cache asks nothing).
+``throughput`` describes this invocation only (a rerun served from the cache asks nothing); its
+completion tokens (what the judge is paid for, retries included) per window judged and per
+character of those windows are the judge's cost.
 """
 
 from __future__ import annotations
@@ -73,10 +77,12 @@ def method_line(report: dict) -> str:
         how = f"offline rule-based segmenter `{m['segmenter']}` (steps only, no labels)"
     else:
         j, t = m["judge"], m["judge"]["throughput"]
-        how = (f"judge `{j['model']}`, prompts v{j['prompts_version']}, windows of {j['window_chars']} characters; "
-               f"{j['windows']} windows, {j['cached_windows']} from the cache, {t['requests']} requests in "
-               f"{t['wall_s']:.1f}s ({_num(t['requests_per_s'], 2)} requests/s, "
-               f"{_num(t['completion_tokens_per_s'], 0)} completion tokens/s)")
+        how = (f"judge `{j['model']}`, {j.get('mode', 'copy')} mode, prompts v{j['prompts_version']}, windows of "
+               f"{j['window_chars']} characters; {j['windows']} windows, {j['cached_windows']} from the cache, "
+               f"{t['requests']} requests in {t['wall_s']:.1f}s ({_num(t['requests_per_s'], 2)} requests/s, "
+               f"{_num(t['completion_tokens_per_s'], 0)} completion tokens/s); cost: {t['completion_tokens']} "
+               f"completion tokens, {_num(t.get('completion_tokens_per_window'), 0)} per window, "
+               f"{_num(t.get('completion_tokens_per_char'), 3)} per trace character")
     return f"{report['label']}: {report['responses']} responses; {how}; tokens: {report['tokens']}."
 
 

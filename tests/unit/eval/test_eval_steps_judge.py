@@ -1,6 +1,7 @@
 """apriel-eval steps against a fake judge (megatron_apriel/testing/fake_judge.py), through the
-command line: every way a judge can answer ends as the rules say (accepted; retried; failed with
-its reason), the run never crashes, a rerun asks nothing, and a SIGKILL leaves a usable cache.
+command line, in copy mode (prompts v1; test_eval_steps_answers.py has the default boundaries
+mode): every way a judge can answer ends as the rules say (accepted; retried; failed with its
+reason), the run never crashes, a rerun asks nothing, and a SIGKILL leaves a usable cache.
 Expected numbers are hand counts (whitespace words: the evaluations have no manifest)."""
 
 import json
@@ -13,7 +14,7 @@ import pytest
 
 from megatron_apriel.entrypoints.eval import main
 from megatron_apriel.eval.steps.cache import Verdict
-from megatron_apriel.parallel.rendezvous import free_port
+from megatron_apriel.eval.steps.prompts import PROMPTS_FILE
 from megatron_apriel.testing.fake_judge import FakeJudge
 from tests.steps_fixtures import write_evaluation
 from tests.unit.conftest import launcher_env
@@ -24,7 +25,7 @@ CASES = [
     (f"We are given 1 + 2.\n\nSo 1 + 2 = 3.\n\n{FINAL}", True),  # A: 79 chars, two windows of 60: 3 steps
     ("Check it again.\n\nAgain 3.", True),  # B: verification, other
     ("[case:malformed] 1.", True),  # C: malformed JSON three times
-    ("[case:drop] 1.\n\n2.", True),  # D: drops the last character
+    ("[case:drop] 1.\n\n2.", True),  # D: drops the last character (not whitespace)
     ("[case:change] 1.", True),  # E: changes the first character
     ("[case:label] 1.", True),  # F: an unknown label
     ("[case:flaky] Wait, wrong.", True),  # G: malformed, then right: backtracking
@@ -38,7 +39,7 @@ def steps(*argv: str) -> int:
 
 
 def judge_args(judge: FakeJudge, *extra: str) -> list[str]:
-    return ["--judge-url", judge.url, "--judge-model", "fake-judge", *extra]
+    return ["--judge-url", judge.url, "--judge-model", "fake-judge", "--judge-backoff", "0", *extra]
 
 
 def read(eval_dir: Path) -> dict:
@@ -47,8 +48,9 @@ def read(eval_dir: Path) -> dict:
 
 def test_every_judge_answer_is_counted_retried_or_failed_with_its_reason(tmp_path):
     ev = write_evaluation(tmp_path / "ev", "base", {"aime": CASES})
+    copy = ("--judge-mode", "copy", "--window-chars", "60")
     with FakeJudge() as judge:
-        assert steps(str(ev), *judge_args(judge, "--window-chars", "60")) == 0
+        assert steps(str(ev), *judge_args(judge, *copy)) == 0
         asked = len(judge.requests)
         report = read(ev)
         b = report["benchmarks"]["aime"]
@@ -68,24 +70,27 @@ def test_every_judge_answer_is_counted_retried_or_failed_with_its_reason(tmp_pat
         assert asked == 2 + 1 + 4 * 3 + 2 and report["method"]["judge"]["throughput"]["requests"] == asked
         assert sorted(a for w, a in judge.requests if "[case:flaky]" in w) == [1, 2]
         rows = {r["problem_id"]: r for r in report["traces"]}
-        assert "the steps joined" in rows["aime-03"]["detail"] and "label 'planning'" in rows["aime-05"]["detail"]
+        assert "the steps joined end at trace character 17" in rows["aime-03"]["detail"]
+        assert "at trace character 0: trace '[case:change]" in rows["aime-04"]["detail"]
+        assert "label 'planning'" in rows["aime-05"]["detail"]
         assert rows["aime-00"]["labels"] == ["problem_setup", "forward_reasoning", "final_answer"]
         assert "aime-08" not in rows  # a wrong response
         md = (ev / "steps" / "judge-fake-judge" / "report.md").read_text()
-        assert "judge `fake-judge`, prompts v1" in md and "whitespace-separated words" in md
+        assert "judge `fake-judge`, copy mode, prompts v1" in md and "whitespace-separated words" in md
+        assert judge.probes == 1
 
-        assert steps(str(ev), *judge_args(judge, "--window-chars", "60")) == 0  # the cache answers everything
-        assert len(judge.requests) == asked
+        assert steps(str(ev), *judge_args(judge, *copy)) == 0  # the cache answers everything
+        assert len(judge.requests) == asked and judge.probes == 1  # nothing to ask: not even the probe
         again = read(ev)
         judged = again["method"]["judge"]
         assert judged["cached_windows"] == 8 and judged["throughput"]["requests"] == 0
         assert again["benchmarks"] == report["benchmarks"]
 
-        assert steps(str(ev), *judge_args(judge, "--window-chars", "60", "--retry-failed")) == 0
+        assert steps(str(ev), *judge_args(judge, *copy, "--retry-failed")) == 0
         assert len(judge.requests) == asked + 4 * 3  # C-F asked again; H is refused before any request
 
 
-def test_a_slow_or_unreachable_judge_is_a_failure_not_a_crash_and_is_not_cached(tmp_path):
+def test_a_slow_judge_is_a_failure_not_a_crash_and_is_not_cached(tmp_path):
     ev = write_evaluation(tmp_path / "ev", "base", {"aime": [("[case:slow] 1.", True)]})
     with FakeJudge() as judge:
         for _ in range(2):
@@ -94,10 +99,6 @@ def test_a_slow_or_unreachable_judge_is_a_failure_not_a_crash_and_is_not_cached(
             assert b["failure_reasons"] == {"timeout": 1} and b["failure_share"] == 1.0
         assert len(judge.requests) == 4  # a timeout is not a verdict: the rerun asked again
         assert not list((ev / "steps" / "cache").glob("*.json"))
-    down = f"http://127.0.0.1:{free_port()}"
-    assert steps(str(ev), "--judge-url", down, "--judge-model", "fake-judge", "--judge-attempts", "1") == 0
-    trace = read(ev)["traces"][0]
-    assert trace["failure"] == "judge_error" and "ConnectError" in trace["detail"]
 
 
 def test_bad_judge_options_are_refused(tmp_path, capsys):
@@ -106,6 +107,8 @@ def test_bad_judge_options_are_refused(tmp_path, capsys):
                        (["--judge-url", "x:1", "--judge-model", "m"], "give an http(s) URL"),
                        (["--judge-url", "http://x:1", "--judge-model", "m", "--judge-api-key-env", "NO_SUCH_VAR_41"],
                         "NO_SUCH_VAR_41: that variable is not set"),
+                       (["--judge-url", "http://x:1", "--judge-model", "m", "--judge-mode", "copy", "--judge-prompts",
+                         str(PROMPTS_FILE)], "is a boundaries-mode prompts file"),
                        (["--compare"], "exactly two evaluations"), (["--bench", "gpqa"], "no benchmark ['gpqa']")):
         with pytest.raises(SystemExit) as exit_:
             steps(str(ev), *argv)
@@ -141,11 +144,9 @@ def test_sigkill_mid_run_leaves_no_process_and_a_cache_a_rerun_finishes(tmp_path
 
 
 def test_another_prompts_file_is_recorded_and_never_reuses_the_cache(tmp_path):
-    from megatron_apriel.eval.steps.prompts import PROMPTS_FILE
-
     ev = write_evaluation(tmp_path / "ev", "base", {"aime": CASES[1:2]})
     custom = tmp_path / "short.yaml"
-    custom.write_text(PROMPTS_FILE.read_text().replace("version: 1", "version: 7").replace("verbatim", "exactly"))
+    custom.write_text(PROMPTS_FILE.read_text().replace("version: 2", "version: 7").replace("verbatim", "exactly"))
     with FakeJudge() as judge:
         assert steps(str(ev), *judge_args(judge)) == 0
         assert steps(str(ev), *judge_args(judge, "--judge-prompts", str(custom))) == 0
