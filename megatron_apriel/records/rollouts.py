@@ -2,10 +2,11 @@
 
 - `Problem`: a dataset row after normalisation, the prompt the policy sees and the reference its
   verifier needs.
-- `RolloutGroup` / `Rollout`: the G completions of one problem as the actor writes them into the
-  stream (typed, versioned, JSON-serialisable): token ids, behaviour log-probs, the weight-version
-  spans each completion was sampled under, the verifier's verdict, raw and shaped rewards,
-  advantages, timings and the group's sequence number.
+- `RolloutGroup` / `Rollout`: the G trajectories of one problem as the actor writes them into the
+  stream (typed, versioned, JSON-serialisable): token ids, which of them the model sampled (its
+  turns; the rest are the environment's), behaviour log-probs and the weight-version spans of the
+  model's tokens, the verifier's verdict, raw and shaped rewards, advantages, timings and the
+  group's sequence number. A single-turn completion is the one-turn trajectory.
 - `TrainSample`: the view of one rollout that the trainer's batcher packs.
 """
 
@@ -92,11 +93,13 @@ class Outcome(str, enum.Enum):
 
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Format version of `RolloutGroup` written now; a reader refuses any it does not know (old runs are
-not silently misread). 3: rollouts may carry their ``routed_experts``; 2: the verifier's
-``detail``; 1 and 2 (without them) are still read."""
-READ_SCHEMA_VERSIONS = (1, 2, 3)
+not silently misread). 4: multi-turn trajectories (``model_turns``, ``truncated``; log-probs and
+version spans per model token); 3: rollouts may carry their ``routed_experts``; 2: the verifier's
+``detail``. 1 to 3 are still read, each rollout as one model turn over its whole completion,
+truncated when vLLM stopped it at the length limit."""
+READ_SCHEMA_VERSIONS = (1, 2, 3, 4)
 """Every ``schema_version`` a reader accepts (``RolloutGroup.READS`` plus ``SCHEMA_VERSION``)."""
 
 
@@ -104,18 +107,22 @@ def _encode_array(values, dtype: str) -> str:
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
+def _validate_array(value, dtype: str, what: str) -> np.ndarray:
+    if isinstance(value, str):  # the stream's compact form
+        array = np.frombuffer(base64.b64decode(value), dtype=dtype)
+    else:
+        array = np.array(value, dtype=dtype)
+        if array.ndim != 1:
+            raise ValueError(f"{what} must be a flat sequence, got shape {array.shape}.")
+    array.flags.writeable = False
+    return array
+
+
 def _array(dtype: str, what: str):
     """A 1-D read-only numpy array of ``dtype``: decoded from the stream's base64 without a copy
     or a Python list, or converted from a sequence (what vLLM's client returns)."""
     def validate(value) -> np.ndarray:
-        if isinstance(value, str):  # the stream's compact form
-            array = np.frombuffer(base64.b64decode(value), dtype=dtype)
-        else:
-            array = np.array(value, dtype=dtype)
-            if array.ndim != 1:
-                raise ValueError(f"{what} must be a flat sequence, got shape {array.shape}.")
-        array.flags.writeable = False
-        return array
+        return _validate_array(value, dtype, what)
     return Annotated[np.ndarray, PlainValidator(validate),
                      PlainSerializer(lambda v: _encode_array(v, dtype), when_used="json")]
 
@@ -178,23 +185,48 @@ class RoutedExperts(Record):
 
 
 class VersionSpan(Record):
-    """Completion tokens ``[start, end)`` were sampled by the weights of ``version``."""
+    """Model tokens ``[start, end)`` (counted over the model's tokens only) were sampled by the
+    weights of ``version``."""
 
     version: int = Field(ge=0)
     start: int = Field(ge=0)
     end: int = Field(ge=0)
 
 
+class ModelTurn(Record):
+    """Completion tokens ``[start, end)`` are one model turn: ids exactly as vLLM sampled them."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
 class Rollout(Record):
-    """One completion of a group, with its verdict and the rewards derived from it."""
+    """One trajectory of a group, with its verdict and the rewards derived from it.
+
+    ``completion_ids`` is everything after the prompt, as one id array: the model's turns
+    (``model_turns``) with the environment's tokens between them (each tool or user turn's chat
+    template ids, appended after the model's, never re-rendered). Only the model's tokens carry a
+    loss; ``logprobs`` and ``versions`` count them alone (the k-th model token is ``mask``'s k-th
+    one). A single-turn completion is one model turn over the whole completion, with nothing of the
+    environment's."""
 
     completion_ids: TokenIds
     logprobs: LogProbs
-    """Behaviour log-prob of each completion token (vLLM, after temperature): pi_old of the loss."""
+    """Behaviour log-prob of each model token (vLLM, after temperature), in order: pi_old of the loss."""
     versions: list[VersionSpan]
-    """Weight versions the tokens were sampled under, in order (two or more: updated in flight)."""
+    """Weight versions the model tokens were sampled under, in order (two or more: updated in
+    flight, between turns or inside one)."""
+    model_turns: list[ModelTurn]
+    """The model's turns, in order, with at least one environment token between two of them; the
+    last ends the completion (environment tokens after it would carry no loss and have no routes:
+    leave them out). Omitted (streams before schema 4, and what a single-turn writer may leave
+    out): one turn over the whole completion."""
     finish_reason: str
-    """vLLM's: stop (EOS or a stop string), length (hit the output budget), ..."""
+    """vLLM's, for the last model turn: stop (EOS or a stop string), length (hit the output budget), ..."""
+    truncated: bool
+    """The trajectory did not end by itself: its last turn hit the length limit, or the actor
+    stopped it at its turn or token limits (overlong filtering keeps it out of the loss). Omitted:
+    ``finish_reason == "length"``."""
     outcome: Outcome
     """The verifier's verdict (a string in the stream: correct, wrong, no_answer, unparsable,
     timeout, verifier_error)."""
@@ -211,42 +243,87 @@ class Rollout(Record):
     attempts: int = Field(default=1, ge=1)
     routed_experts: Optional[RoutedExperts] = None
     """The experts vLLM routed the prompt and completion tokens to (``apriel-serve
-    --return-routed-experts``, for rollout routing replay); None: not recorded."""
+    --return-routed-experts``, for rollout routing replay), the environment's tokens included: vLLM
+    routes them when it prefills them for the next turn, as it routes the prompt; None: not recorded."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_turn_defaults(cls, data):
+        """What a record without turns (older schemas, a single-turn writer) means: one model turn
+        over the whole completion, truncated when vLLM stopped it at the length limit."""
+        if isinstance(data, dict) and ("model_turns" not in data or "truncated" not in data):
+            data = dict(data)
+            if "model_turns" not in data:
+                n = len(_validate_array(data.get("completion_ids", ()), "<i4", "token ids"))
+                data["model_turns"] = [ModelTurn(start=0, end=n)] if n else []
+            data.setdefault("truncated", data.get("finish_reason") == "length")
+        return data
 
     @model_validator(mode="after")
     def _aligned(self):
-        if len(self.logprobs) != len(self.completion_ids):
-            raise ValueError(f"{len(self.completion_ids)} completion tokens but {len(self.logprobs)} log-probs.")
-        if self.versions and (self.versions[0].start != 0 or self.versions[-1].end != len(self.completion_ids)):
-            raise ValueError(f"version spans {self.versions} do not cover the {len(self.completion_ids)} tokens.")
+        _check_turns(self.model_turns, len(self.completion_ids))
+        if len(self.logprobs) != self.model_length:
+            raise ValueError(f"{self.model_length} model tokens but {len(self.logprobs)} log-probs.")
+        if self.versions and (self.versions[0].start != 0 or self.versions[-1].end != self.model_length):
+            raise ValueError(f"version spans {self.versions} do not cover the {self.model_length} model tokens.")
+        if self.finish_reason == "length" and not self.truncated:
+            raise ValueError("finish_reason 'length' with truncated=false: a turn cut at the length limit "
+                             "truncates its trajectory; set truncated=true.")
         return self
 
     @property
     def length(self) -> int:
+        """Completion tokens, the environment's included."""
         return len(self.completion_ids)
 
     @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "length"
+    def model_length(self) -> int:
+        """The model's tokens (the loss's)."""
+        return sum(t.end - t.start for t in self.model_turns)
+
+    @property
+    def mask(self) -> np.ndarray:
+        """Per completion token: True on the model's tokens, False on the environment's."""
+        out = np.zeros(self.length, dtype=bool)
+        for t in self.model_turns:
+            out[t.start : t.end] = True
+        return out
 
     @property
     def first_version(self) -> int:
-        return self.versions[0].version if self.versions else 0
+        """The weights of its oldest model token (the environment's tokens have none)."""
+        return min(s.version for s in self.versions) if self.versions else 0
 
     def token_lags(self, version: int) -> np.ndarray:
-        """Per token, ``version`` minus the version that sampled it (int32, >= 0; tokens of no recorded
-        version count from version 0)."""
-        lags = np.full(self.length, version, dtype=np.int32)
+        """Per model token, ``version`` minus the version that sampled it (int32, >= 0; tokens of no
+        recorded version count from version 0)."""
+        lags = np.full(self.model_length, version, dtype=np.int32)
         for span in self.versions:
             lags[span.start : span.end] = max(version - span.version, 0)
         return lags
 
     def fresh_start(self, version: int) -> int:
-        """Index of the first token sampled by ``version`` itself (``length`` if none was)."""
+        """Index (over model tokens) of the first one sampled by ``version`` itself (``model_length``
+        if none was)."""
         for span in self.versions:
             if span.version >= version:
                 return span.start
-        return self.length
+        return self.model_length
+
+
+def _check_turns(turns: list[ModelTurn], n: int) -> None:
+    if (n == 0) != (not turns):
+        raise ValueError(f"model turns {turns} for a completion of {n} tokens: a non-empty completion has "
+                         "at least one model turn, an empty one none.")
+    previous = -1
+    for t in turns:
+        if t.start >= t.end or t.start <= previous:
+            raise ValueError(f"model turns {turns} must be non-empty, in order, with at least one environment "
+                             "token between two turns (adjacent turns are one turn: merge them).")
+        previous = t.end
+    if turns and turns[-1].end != n:
+        raise ValueError(f"the last model turn ends at {turns[-1].end}, the completion at {n}: leave out "
+                         "environment tokens after the last model turn (they carry no loss).")
 
 
 class GroupTimings(Record):
@@ -308,7 +385,8 @@ class RolloutGroup(Record):
                              "--return-routed-experts` (the launchers add it when rollout.routing_replay is on).")
         return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
                            r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
-                           group=self.seq, lags=r.token_lags(version), server=r.server, routing=routing)
+                           group=self.seq, lags=r.token_lags(version), server=r.server, routing=routing,
+                           mask=None if r.model_length == r.length else r.mask)
 
     def train_samples(self, version: int) -> list["TrainSample"]:
         """One `TrainSample` per rollout (see `train_sample`)."""
@@ -325,31 +403,36 @@ def routing_rows(ids_TLK: np.ndarray, moe_layers: Sequence[int]) -> np.ndarray:
 
 @dataclass
 class TrainSample:
-    """One rollout as the trainer's batcher sees it."""
+    """One trajectory as the trainer's batcher sees it: every token goes through the forward pass,
+    the model's completion tokens (``mask``) carry the loss."""
 
     tokens: np.ndarray
     """Prompt followed by completion token ids (1-D integer array; a list is converted)."""
     prompt_len: int
     behaviour_logprobs: np.ndarray
-    """Log-prob of each completion token under the policy that sampled it (len = completion length;
-    float32 array; a list is converted)."""
+    """Log-prob of each model token under the policy that sampled it (len = model tokens; float32
+    array; a list is converted)."""
     advantage: float
     truncated: bool = False
-    """The completion hit the length limit (overlong filtering masks it out of the loss)."""
+    """The trajectory hit a length, turn or token limit (overlong filtering masks it out of the loss)."""
     fresh_start: int = 0
-    """Completion tokens from this index on were sampled by the very weights being trained: on
-    them |log pi_train - log pi_behaviour| is pure train/inference drift (read only where ``lags``
-    is not given)."""
+    """Model tokens from this index on (counted over model tokens) were sampled by the very weights
+    being trained: on them |log pi_train - log pi_behaviour| is pure train/inference drift (read
+    only where ``lags`` is not given)."""
     group: int = -1
     """The sequence number of its group in the stream (for error messages; -1: not from a stream)."""
     lags: Optional[np.ndarray] = None
-    """Per completion token, how many weight versions older than the trained ones sampled it (0:
-    fresh; int32 array, a list is converted); None: 0 from ``fresh_start`` on, 1 before."""
+    """Per model token, how many weight versions older than the trained ones sampled it (0: fresh;
+    int32 array, a list is converted); None: 0 from ``fresh_start`` on, 1 before."""
     server: str = ""
     """The URL of the server that generated it ("": not from a fleet)."""
     routing: Optional[np.ndarray] = None
     """MoE models: the experts vLLM routed each token to, ``[len(tokens), moe_layers, top_k]``
     integers, -1 where it did not route the token (the last sampled one); None: not recorded."""
+    mask: Optional[np.ndarray] = None
+    """Per completion token, True where the model sampled it (bool array, a list is converted);
+    False on the environment's tokens (tool results, user turns, template), which are context
+    only. None: every completion token is the model's (single turn)."""
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens)
@@ -361,15 +444,30 @@ class TrainSample:
         if self.prompt_len < 1 or n_completion < 0:
             raise ValueError(f"sample needs 1 <= prompt_len <= len(tokens), got {self.prompt_len} and "
                              f"{len(self.tokens)}.")
+        if self.mask is not None:
+            self.mask = np.asarray(self.mask, dtype=bool)
+            if self.mask.shape != (n_completion,):
+                raise ValueError(f"sample mask must have one entry per completion token ({n_completion}), got "
+                                 f"shape {self.mask.shape}.")
+        n_model = self.model_length
         if self.lags is None:
-            self.lags = (np.arange(n_completion) < self.fresh_start).astype(np.int32)
+            self.lags = (np.arange(n_model) < self.fresh_start).astype(np.int32)
         self.lags = np.asarray(self.lags, dtype=np.int32)
-        if len(self.lags) != n_completion:
-            raise ValueError(f"sample has {n_completion} completion tokens but {len(self.lags)} lags.")
-        if len(self.behaviour_logprobs) != n_completion:
+        if len(self.lags) != n_model:
+            raise ValueError(f"sample has {n_model} model tokens but {len(self.lags)} lags.")
+        if len(self.behaviour_logprobs) != n_model:
             raise ValueError(
-                f"sample has {n_completion} completion tokens but {len(self.behaviour_logprobs)} behaviour log-probs."
+                f"sample has {n_model} model tokens but {len(self.behaviour_logprobs)} behaviour log-probs."
             )
+
+    @property
+    def model_length(self) -> int:
+        """The completion tokens the model sampled (those with a loss)."""
+        return len(self.tokens) - self.prompt_len if self.mask is None else int(self.mask.sum())
+
+    def completion_mask(self) -> np.ndarray:
+        """``mask``, all True where it is None."""
+        return np.ones(len(self.tokens) - self.prompt_len, dtype=bool) if self.mask is None else self.mask
 
 
 def balance_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:

@@ -1,8 +1,11 @@
 """Turn a step's samples into micro-batches: padded rows or packed (THD) rows.
 
-A sample is one rollout: prompt + completion token ids, the behaviour log-prob of every
-completion token (from vLLM) and the sequence's advantage. Position p of a row predicts token
-p + 1 of the same sequence, so a completion token at index j is scored at position j - 1.
+A sample is one rollout: prompt + completion token ids, the behaviour log-prob of every model
+token (from vLLM) and the sequence's advantage. Position p of a row predicts token p + 1 of the
+same sequence, so a completion token at index j is scored at position j - 1. In a multi-turn
+trajectory only the model's tokens are scored (``loss_mask``); the environment's tokens between
+its turns go through the forward pass as context (their routed experts, if recorded, replayed
+like the prompt's), with no loss, drift or mismatch figure.
 
 Padded: ``[b, S]`` rows, right-padded, plain causal attention.
 Packed: ``[1, T]`` rows holding several sequences back to back, described by
@@ -33,7 +36,7 @@ class MicroBatch:
     tokens: torch.Tensor  # [b, S] int64
     position_ids: torch.Tensor  # [b, S] int64
     labels: torch.Tensor  # [b, S] int64: next token (0 where no loss)
-    loss_mask: torch.Tensor  # [b, S] bool
+    loss_mask: torch.Tensor  # [b, S] bool: positions that predict a model token (environment tokens: False)
     old_logp: torch.Tensor  # [b, S] float32: behaviour log-prob of labels (0 where no loss)
     fresh: torch.Tensor  # [b, S] bool: loss positions whose token the trained weights sampled themselves
     lag: torch.Tensor  # [b, S] int32: at loss positions, versions between the token's weights and the trained ones
@@ -64,13 +67,15 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     n = len(s.tokens)
     row["tokens"][start : start + n] = torch.from_numpy(s.tokens)
     row["position_ids"][start : start + n] = torch.arange(n)
-    # positions prompt_len-1 .. n-2 predict the completion tokens prompt_len .. n-1
+    # positions prompt_len-1 .. n-2 predict the completion tokens prompt_len .. n-1; those of the
+    # model's tokens carry the loss, the environment's are context only
     first, last = start + s.prompt_len - 1, start + n - 1
+    model = torch.from_numpy(s.completion_mask())
     row["labels"][first:last] = torch.from_numpy(s.tokens[s.prompt_len :])
-    row["loss_mask"][first:last] = True
-    row["old_logp"][first:last] = torch.from_numpy(s.behaviour_logprobs)
-    row["lag"][first:last] = torch.from_numpy(s.lags)
-    row["fresh"][first:last] = row["lag"][first:last] == 0
+    row["loss_mask"][first:last] = model
+    row["old_logp"][first:last][model] = torch.from_numpy(s.behaviour_logprobs)
+    row["lag"][first:last][model] = torch.from_numpy(s.lags)
+    row["fresh"][first:last] = model & (row["lag"][first:last] == 0)
     row["seq"][start : start + n] = seq_index
     row["valid"][start : start + n] = True
     if s.routing is not None:

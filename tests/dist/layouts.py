@@ -45,6 +45,17 @@ def reference_state(model_full_names) -> dict:
     return {k: torch.randn(shape, generator=g) * 0.1 for k, shape in model_full_names}
 
 
+def multi_turn_mask(i: int, clen: int) -> torch.Tensor:
+    """Odd samples are multi-turn: after 2 model tokens, 1 to 3 environment tokens (a tool turn), and
+    in the longer ones a second environment turn 5 tokens from the end; each ends with a model turn."""
+    mask = torch.ones(clen, dtype=torch.bool)
+    if i % 2:
+        mask[2 : 3 + i % 3] = False
+        if clen >= 12:
+            mask[clen - 5 : clen - 3] = False
+    return mask
+
+
 def samples() -> list[TrainSample]:
     g = torch.Generator().manual_seed(1)
     out = []
@@ -52,10 +63,12 @@ def samples() -> list[TrainSample]:
         plen = 3 + i % 4
         clen = 5 + (7 * i) % 13
         toks = torch.randint(0, ARCH.vocab_size, (plen + clen,), generator=g).tolist()
-        old = (-torch.rand(clen, generator=g) * 3 - 2.5).tolist()
-        lags = [(i + k) % 3 for k in range(clen)]  # fresh and stale tokens, for the mismatch figures
+        mask = multi_turn_mask(i, clen)
+        old = (-torch.rand(clen, generator=g) * 3 - 2.5)[mask].tolist()  # per model token
+        lags = [(i + k) % 3 for k in range(len(old))]  # fresh and stale tokens, for the mismatch figures
         out.append(TrainSample(toks, plen, old, advantage=float(torch.randn((), generator=g)), truncated=(i == 5),
-                               lags=lags, server=f"http://10.0.0.{i % 3}:8000"))
+                               lags=lags, server=f"http://10.0.0.{i % 3}:8000",
+                               mask=None if mask.all() else mask.numpy()))
     return out
 
 

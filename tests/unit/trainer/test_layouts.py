@@ -3,7 +3,9 @@ loss and updated weights; the chunked log-probs (5 tokens of logits at a time, c
 sequences and packed rows) against the full logits, tied and untied; context parallelism (CP 2)
 against no CP, GSPO and DAPO; and
 TP=1 against an independent single-process computation (transformers), so that a bug every
-layout shares cannot pass.
+layout shares cannot pass. Half the samples are multi-turn trajectories: environment tokens between
+the model's turns go through every forward pass and carry no loss, which the transformers reference
+leaves out of its loss.
 
 Runs tests/dist/layouts.py under ``torchrun --nproc_per_node 2`` (gloo, real Megatron-Core).
 """
@@ -176,10 +178,13 @@ def test_tp1_matches_a_transformers_forward_of_the_same_weights(results):
     tp1 = results["gspo/tp1_dp2"]
     seqs, entropy_sum, tokens = [], 0.0, 0
     batch = samples()
+    assert sum(s.mask is not None for s in batch) == 4  # multi-turn: the environment's tokens are context only
     for i, s in enumerate(batch):
-        logits = model(torch.tensor([s.tokens])).logits[0, s.prompt_len - 1 : len(s.tokens) - 1]
+        model_tokens = torch.from_numpy(s.completion_mask())
+        logits = model(torch.tensor([s.tokens])).logits[0, s.prompt_len - 1 : len(s.tokens) - 1][model_tokens]
         log_softmax = torch.log_softmax(logits / GSPO.temperature, dim=-1)
-        logp = log_softmax.gather(-1, torch.tensor(s.tokens[s.prompt_len:]).unsqueeze(-1)).squeeze(-1)
+        labels = torch.tensor(s.tokens[s.prompt_len:])[model_tokens]
+        logp = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         torch.testing.assert_close(tp1["logp"][i], logp.detach(), atol=ATOL, rtol=0)
         entropy_sum += float(-(log_softmax.exp() * log_softmax).sum().detach())
         tokens += len(logp)

@@ -4,9 +4,11 @@ import pytest
 
 from megatron_apriel.parallel.rendezvous import single_process_world
 from megatron_apriel.records.config import RolloutConfig
+from megatron_apriel.records.rollouts import RolloutGroup
 from megatron_apriel.records.stream import StreamWriter, read_progress
 from megatron_apriel.trainer.stream_source import StreamSource
 from tests.unit.records.test_stream import group, snap
+from tests.unit.records.test_trajectories import COMPLETION, multi_turn_rollout
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,23 @@ def test_a_group_exactly_max_lag_old_is_trained_and_one_older_is_skipped_and_cou
     samples, m = source.next_batch(5)
     assert m["rollout/groups_stale"] == 1 and source.cursor == 3 and len(samples) == 4
     assert m["rollout/lag_max"] == 2 and m["rollout/lag_mean"] == 2
+
+
+def test_a_trajectory_is_as_old_as_its_oldest_model_token(tmp_path, ctx):
+    """Its turns sampled by versions 2, 3 and 5: at step 5 its lag is 3, though its last turn is fresh;
+    a group of version 3 throughout has lag 2 and is trained. The trained sample's lags are per model token."""
+    writer = StreamWriter(tmp_path)
+    spanning = group(0, version=5)
+    trajectory = multi_turn_rollout(completion_ids=[0] + COMPLETION[1:])  # the prompt ends with seq 0
+    spanning = spanning.model_copy(update={"rollouts": [trajectory, spanning.rollouts[1]]})
+    writer.append([RolloutGroup.model_validate(spanning.model_dump())], snap(1))
+    writer.append([group(1, version=3)], snap(2))
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=1, max_lag=2), ctx, {"math": 1.0})
+    samples, m = source.next_batch(5)
+    assert m["rollout/groups_stale"] == 1 and m["rollout/lag_max"] == 2 and source.cursor == 2
+    source = StreamSource(tmp_path, RolloutConfig(group_size=2, groups_per_step=2, max_lag=3), ctx, {"math": 1.0})
+    samples, m = source.next_batch(5)
+    assert m["rollout/lag_max"] == 3 and samples[0].lags.tolist() == [3, 3, 3, 3, 2, 0]
 
 
 def test_state_resumes_the_cursor(tmp_path, ctx):
