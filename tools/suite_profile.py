@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{end - start:.0f} s from the first phase's start to the last one's end; "
           f"phases add up to {total.wall_s:.0f} s wall and {total.cpu_s:.0f} CPU-s"
           + ("" if len(workers) > 1 else f" ({total.cpu_s / max(total.wall_s, 1e-9):.2f} cores used)"))
+    if len(workers) > 1:
+        busy = {w: sum(r["wall_s"] for r in rows if r["worker"] == w) for w in workers}
+        ends = {w: max(r["start"] + r["wall_s"] for r in rows if r["worker"] == w) - start for w in workers}
+        print("workers: " + "; ".join(f"{w.lstrip('.')} ran tests for {busy[w]:.0f} s and ended at {ends[w]:.0f} s"
+                                     for w in workers))
     print()
     print(render("per module (setup + call + teardown)", table(rows, cores, lambda r: module_of(r["nodeid"]), 200),
                  cores, args.markdown))
