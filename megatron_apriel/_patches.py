@@ -16,6 +16,12 @@ What is redirected (see ../shared/CPU_NOTES.md, section A0):
    also works where the mode of (1) is not active: torch does not carry a TorchFunctionMode into
    the autograd engine, and the backward of Megatron's MoE gathers allocates with it.
 
+On the CPU, Megatron-Core is imported with its JIT fuser off (``import_mcore_without_jit_fuser``):
+its fused kernels decorate themselves with ``torch.compile`` at import, which pulls in TorchDynamo
+and Inductor (~2 s of every trainer rank's start here) for kernels the CPU path never calls (the
+provider turns each fusion off without CUDA). Megatron's own ``disable_jit_fuser`` comes too late
+for that: importing any ``megatron.core`` module runs the package's ``__init__``, which imports them.
+
 Without Transformer Engine (any device), ``fill_missing_te_names()`` defines the TE kernels that
 megatron-core 0.16's MoE utilities reference unconditionally (``te_general_gemm`` in the router's
 gating GEMM: a NameError otherwise) as None, as 0.19 does itself.
@@ -125,8 +131,38 @@ def fill_missing_te_names() -> None:
             setattr(moe_utils, name, None)
 
 
+def _no_compile(model=None, **_options):
+    """``torch.compile`` as a decorator that leaves the function as it is (both call forms)."""
+    return model if model is not None else (lambda fn: fn)
+
+
+def import_mcore_without_jit_fuser() -> bool:
+    """Import Megatron-Core with ``torch.compile`` a no-op for the import's duration, then turn its
+    JIT fuser off for later imports; True if done, False where Megatron-Core was imported already
+    (its kernels then keep whatever decorator they got)."""
+    import sys
+
+    if "megatron.core" in sys.modules:
+        return False
+    real = torch.compile
+    torch.compile = _no_compile
+    try:
+        import megatron.core  # noqa: F401 (the package __init__ imports the fused kernels)
+        from megatron.core import jit
+    finally:
+        torch.compile = real
+    disable = getattr(jit, "disable_jit_fuser", None)
+    if callable(disable):
+        disable()
+    else:
+        jit.jit_fuser = jit.noop_decorator
+    return True
+
+
 def apply_cpu_patches() -> None:
     """Make Megatron-Core run on the CPU. A no-op when CUDA is available or already applied."""
+    if not torch.cuda.is_available():
+        import_mcore_without_jit_fuser()
     fill_missing_te_names()
     if torch.cuda.is_available() or _APPLIED.is_set():
         return

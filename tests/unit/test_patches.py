@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 
 from megatron_apriel import _patches
@@ -27,3 +31,19 @@ def test_a_forked_vllm_worker_is_bound_to_the_cpus_vllm_chose_for_it(env, cpus):
 def test_spawn_asked_for_in_the_environment_leaves_vllm_unpatched(monkeypatch):
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     assert _patches.fork_vllm_cpu_processes() is False
+
+
+def test_megatron_is_imported_on_the_cpu_without_its_jit_fuser():
+    """The CPU patches import Megatron-Core with torch.compile off for the import: no TorchDynamo
+    or Inductor is loaded (~2 s of a rank's start), the fuser is a no-op and torch.compile is back."""
+    code = ("import sys, torch; real = torch.compile\n"
+            "from megatron_apriel._patches import apply_cpu_patches; apply_cpu_patches()\n"
+            "from megatron.core.models.gpt import GPTModel\n"
+            "from megatron.core import jit\n"
+            "assert torch.compile is real\n"
+            "assert jit.jit_fuser(len) is len\n"
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
