@@ -15,8 +15,8 @@ tokens between the turns.
   messages (and the next assistant header), tokenized alone (``ChatTokens.between``): the
   template is rendered twice as text, with a placeholder assistant turn, without then with the
   reply, and the difference is the suffix. What closes the assistant turn in the template
-  (e.g. ``<|im_end|>\\n``) and the model did not sample itself (it stops at the EOS token; a stop
-  string stops it before) is put in front of the suffix.
+  (e.g. ``<|im_end|>\\n``) and the model did not sample itself is put in front of the suffix: all
+  of it after a stop string, what follows the special token the model ended with (its EOS) else.
 - A template is *append-only* when rendering the whole conversation gives the same text as the
   prompt, then each turn and its suffix (``append_only``, checked once on a probe conversation
   at the actor's start). One that is not (Qwen3's drops the reasoning of earlier assistant turns;
@@ -48,7 +48,7 @@ class ChatTokens:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self._close: dict[int, str] = {}
+        self._special = frozenset(getattr(tokenizer, "all_special_ids", ()))
 
     def _render(self, messages: Sequence[dict], tools, generation: bool) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None,
@@ -73,7 +73,7 @@ class ChatTokens:
             raise ValueError("the chat template renders the conversation before a reply differently once the "
                              "reply follows: its suffix is not an append (see actor/trajectory.py).")
         close = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER):]
-        if last_ids:
+        if last_ids and last_ids[-1] in self._special:  # the model sampled the end of its turn itself
             sampled = self.tokenizer.decode([last_ids[-1]], skip_special_tokens=False)
             if sampled and close.startswith(sampled):
                 close = close[len(sampled):]
@@ -97,7 +97,10 @@ class ChatTokens:
             j = i + 1
             while j < len(messages) and messages[j]["role"] != "assistant":
                 j += 1
-            text += messages[i]["content"] + self.suffix_text(messages[:i], tools, messages[i + 1:j], ())
+            try:
+                text += messages[i]["content"] + self.suffix_text(messages[:i], tools, messages[i + 1:j], ())
+            except ValueError as err:  # no suffix at all: multi-turn rollouts would fail on this template
+                return str(err)
             i = j
         whole = self._render(messages, tools, generation=True)
         if text == whole:

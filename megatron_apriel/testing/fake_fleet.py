@@ -116,8 +116,8 @@ class FakeToolFleet:
         self.rng = random.Random(seed)
         self.version, self.bump_every, self.requests = 0, bump_every, 0
         self.routed_experts, self.max_delay_s = routed_experts, max_delay_s
-        self.contexts: list[list[int]] = []
-        """Every request's prompt ids, in order."""
+        self.sampled: dict[tuple[int, ...], list[list[int]]] = {}
+        """Each request's prompt ids -> the ids of its choices."""
 
     def sample_ids(self, text: str) -> list[int]:
         ids, piece = [], ""
@@ -141,7 +141,6 @@ class FakeToolFleet:
             await asyncio.sleep(self.rng.uniform(0, self.max_delay_s))
         body = json.loads(request.content)
         prompt, params = body["token_ids"], body["sampling_params"]
-        self.contexts.append(list(prompt))
         self.requests += 1
         if self.bump_every and self.requests % self.bump_every == 0:
             self.version += 1
@@ -162,6 +161,7 @@ class FakeToolFleet:
                 np.save(buf, rows.astype(np.uint8), allow_pickle=False)
                 choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode("ascii")
             choices.append(choice)
+            self.sampled.setdefault(tuple(prompt), []).append(tokens)
         return httpx.Response(200, json={"choices": choices})
 
     def transport(self) -> httpx.MockTransport:
