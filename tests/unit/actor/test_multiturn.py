@@ -7,6 +7,7 @@ that hangs, answered with an error while the actor's event loop runs on."""
 
 import asyncio
 import functools
+import json
 import re
 import time
 
@@ -256,3 +257,33 @@ def test_a_hanging_tool_is_answered_with_an_error_and_the_loop_runs_on(tmp_path,
     print(f"\n4 trajectories, each with a 0.5 s hung call, in {elapsed:.2f} s; the event loop's longest gap "
           f"{max(gaps) * 1000:.0f} ms over {len(gaps)} ticks")
     assert max(gaps) < 0.25
+
+
+def test_the_environments_of_a_run_are_checked_with_a_fix(tmp_path):
+    from megatron_apriel.config import compose_config, to_run_config
+    from megatron_apriel.data.datasets import training_pools
+    from megatron_apriel.entrypoints.actor import check_environments
+
+    run = to_run_config(compose_config("smoke_multiturn", []))
+    pools = training_pools(run.actor.data, run.actor.sampler.mix)
+    check_environments(run, pools)  # the preset's: arithmetic and BFCL multi-turn rows, by their metadata
+    assert {run.actor.environment(d, p.metadata) for d in pools.domains for p in pools.problems(d)} == {
+        "arithmetic", "bfcl_multi_turn"}
+    assert run.actor.environment("logic") == "logic"  # a domain left out is its verifier's single-turn one
+    for override, error in [("actor.environments.math=calculator", "no such environment.*registered"),
+                            ("+actor.environments.science=arithmetic", "unknown domain")]:
+        with pytest.raises(ValueError, match=error):
+            check_environments(to_run_config(compose_config("smoke_multiturn", [override])), pools)
+
+
+def test_bfcl_multi_turn_rows_load_through_the_data_layer(tmp_path):
+    pytest.importorskip("bfcl_eval")
+    from megatron_apriel.data.sources import convert_rows
+    from megatron_apriel.envs.bfcl_multi_turn import bfcl_data_dir
+
+    data = bfcl_data_dir()
+    answers = {json.loads(line)["id"]: json.loads(line)["ground_truth"] for line in
+               (data / "possible_answer" / "BFCL_v4_multi_turn_base.json").read_text().splitlines() if line}
+    problems, stats = convert_rows("bfcl_multi_turn", data / "BFCL_v4_multi_turn_base.json", answers=answers)
+    assert len(problems) == 200 and not stats
+    assert {p.metadata["environment"] for p in problems} == {"bfcl_multi_turn"}
