@@ -59,6 +59,7 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
     making its answers (the stream's reader, the trainer's side, runs in the loop and counts).
     ``routed_experts``: (layers, top_k, experts): every answer carries routed experts of that shape."""
     from megatron_apriel.actor.config import ActorConfig
+    from megatron_apriel.actor.episodes import InlineEpisodes
     from megatron_apriel.actor.loop import Actor
     from megatron_apriel.data.datasets import ProblemPools
     from megatron_apriel.data.order import DomainOrder
@@ -68,12 +69,11 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
     from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
     from megatron_apriel.rewards import RewardConfig
     from megatron_apriel.sampling.domain_sampler import SamplerConfig
+    from megatron_apriel.testing.fake_envs import InstantEnvironment
     from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
     from megatron_apriel.tiny.base import addition_problems
-    from megatron_apriel.verifiers.base import Outcome, correct, failed
 
-    async def instant_verify(domain, problem, texts):
-        return [correct() if i % 2 else failed(Outcome.WRONG) for i in range(len(texts))]
+    instant = InlineEpisodes({"math": InstantEnvironment()})  # every other rollout correct, no verifier cost
 
     async def go(root: Path) -> tuple[float, float]:
         fleet = FakeFleet(routed_experts=routed_experts)
@@ -84,7 +84,7 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
                       sampling=SamplingConfig(max_tokens=64),
                       client=FleetClient(["http://fake"], transport=fleet.transport()),
                       sampler=cfg.sampler.build(), order=DomainOrder(ProblemPools(addition_problems(9)), seed=0),
-                      tokenizer=ByteTokenizer(), stream=StreamWriter(root), verify=instant_verify)
+                      tokenizer=ByteTokenizer(), stream=StreamWriter(root), episodes=instant)
         reader = StreamReader(root)
         write_progress(root, TrainerProgress(step=0, filled=0, cursor=0, version=0))
         stop = asyncio.Event()

@@ -117,11 +117,14 @@ class RunConfig:
             need = self.rollout.local.prompt_len + budget
             what = f"rollout.local.prompt_len={self.rollout.local.prompt_len}"
         else:
-            need = self.actor.max_prompt_tokens + budget
+            need = self.actor.max_prompt_tokens + (self.actor.max_trajectory_tokens or budget)
             what = f"actor.max_prompt_tokens={self.actor.max_prompt_tokens}"
+        budget_key = (f"actor.max_trajectory_tokens={self.actor.max_trajectory_tokens}"
+                      if self.rollout.source != "local" and self.actor.max_trajectory_tokens
+                      else f"rewards.max_len={budget}")
         if self.trainer.seq_len < need:
             raise ValueError(f"trainer.seq_len={self.trainer.seq_len} cannot hold a prompt of {what} plus the output "
-                             f"budget rewards.max_len={budget}: set trainer.seq_len>={need} or lower one of them.")
+                             f"budget {budget_key}: set trainer.seq_len>={need} or lower one of them.")
         if self.parallel.sequence_parallel and self.trainer.seq_len % self.parallel.tp:
             raise ValueError(f"parallel.sequence_parallel=true splits every row's {self.trainer.seq_len} positions "
                              f"over parallel.tp={self.parallel.tp} ranks: set trainer.seq_len to a multiple of "

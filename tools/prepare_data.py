@@ -7,6 +7,8 @@
     python tools/prepare_data.py if_multi if_multi_constraints.parquet      data/ifeval.jsonl
     python tools/prepare_data.py bfcl     $BFCL/BFCL_v4_simple_python.json  data/fc.jsonl \
         --answers $BFCL/possible_answer/BFCL_v4_simple_python.json
+    python tools/prepare_data.py bfcl_multi_turn $BFCL/BFCL_v4_multi_turn_base.json data/fc_multi_turn.jsonl \
+        --answers $BFCL/possible_answer/BFCL_v4_multi_turn_base.json
 
 Evaluation benchmarks (apriel-eval also reads these formats directly):
 
@@ -54,9 +56,9 @@ def convert_file(fmt: str, src: Path | list[Path], out: Path, answers: Path | No
                  seed: int = 0, start_date: str = "", end_date: str = "") -> Counter:
     """Convert `src` (one file or several, in order) into `out`; returns counts of written rows and of skip reasons."""
     kwargs: dict[str, Any] = {}
-    if fmt == "bfcl":
+    if fmt in ("bfcl", "bfcl_multi_turn"):
         if answers is None:
-            raise ValueError("bfcl needs --answers: the possible_answer file of the same category.")
+            raise ValueError(f"{fmt} needs --answers: the possible_answer file of the same category.")
         kwargs["answers"] = {r["id"]: r["ground_truth"] for r in read_rows(answers)}
     if fmt in ("taco", "apps"):
         kwargs["max_tests"] = max_tests

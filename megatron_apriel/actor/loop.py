@@ -1,8 +1,19 @@
 """The actor: an asyncio loop that turns problems into scored rollout groups in the stream.
 
-    sampler picks a domain -> next problem of that domain (seeded order) -> prompt through the
-    served model's chat template -> FleetClient.generate(n=G) -> verifiers in a process pool ->
-    task rewards, length penalty with DAP, advantages, zero-advantage filter -> the stream
+    sampler picks a domain -> next problem of that domain (seeded order) -> its environment starts
+    G episodes (in an episode worker) -> their first messages through the served model's chat
+    template, once -> FleetClient.generate(n=G) -> each turn's text to its episode (one batched
+    step) -> rollouts the environment answers go on, each on its own, token in and token out ->
+    scores -> task rewards, length penalty with DAP, advantages, zero-advantage filter -> the stream
+
+Every domain runs through an environment (``envs/``): a single-turn one (a verifier: the episode
+ends after the first turn, whose step answers with the verifier's result) is the case of one
+turn. A multi-turn rollout continues from the ids already there: the reply's chat-template ids
+alone are appended after the sampled ones (``actor/trajectory.py``), then the next turn is asked
+for with the whole id sequence; nothing the model sampled is decoded and encoded again. Limits:
+``actor.max_turns`` and ``actor.max_trajectory_tokens``; a trajectory stopped by either is
+truncated and scored as it is. Episodes live in dedicated processes (``actor/episodes.py``), so
+tool calls never block the event loop.
 
 Many groups are in flight at once (``actor.max_in_flight``). Admission control
 (``records/lag.py``) reads the trainer's published progress and starts a group only if it will be
@@ -28,15 +39,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
 from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.actor.episodes import Answer
 from megatron_apriel.actor.grouping import build_group
+from megatron_apriel.actor.trajectory import ChatTokens, Trajectory
 from megatron_apriel.data.order import DomainOrder
-from megatron_apriel.data.prompts import render_prompt
+from megatron_apriel.envs.base import Reply, Start
 from megatron_apriel.fleet.client import FleetClient, FleetUnavailable
 from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.records.config import RolloutConfig
@@ -59,13 +73,17 @@ log = logging.getLogger("megatron_apriel.actor")
 class Actor:
     def __init__(self, *, cfg: ActorConfig, rollout: RolloutConfig, rewards: RewardConfig, sampling: SamplingConfig,
                  client: FleetClient, sampler: AdaptiveDomainSampler, order: DomainOrder, tokenizer,
-                 stream: StreamWriter, verify: Callable, metrics=None, members: Optional[Callable] = None):
-        """``verify(domain, problem, texts)`` is awaited and returns one VerifierResult per text;
-        ``members()``, if given, lists the fleet as (url, instance) pairs (``run_dir/fleet``): a
-        new server is used, a restarted one is asked for its version before it gets requests."""
+                 stream: StreamWriter, episodes, metrics=None, members: Optional[Callable] = None):
+        """``episodes``: where the episodes live (``actor/episodes.py``: ``EpisodeWorkers``, or
+        ``InlineEpisodes`` for tests); ``members()``, if given, lists the fleet as (url, instance)
+        pairs (``run_dir/fleet``): a new server is used, a restarted one is asked for its version
+        before it gets requests."""
         self.cfg, self.rollout, self.rewards, self.sampling = cfg, rollout, rewards, sampling
         self.client, self.sampler, self.order, self.tokenizer = client, sampler, order, tokenizer
-        self.stream, self.verify, self.metrics, self.members = stream, verify, metrics, members
+        self.stream, self.episodes, self.metrics, self.members = stream, episodes, metrics, members
+        self.chat = ChatTokens(tokenizer)
+        self.budget = cfg.max_trajectory_tokens or sampling.max_tokens
+        """Completion tokens of one trajectory (``actor.max_trajectory_tokens``, else one turn's)."""
         self._instances: dict[str, str] = {}
         self._regenerate: list[PendingGroup] = []
         self._usable_written: collections.deque[int] = collections.deque()
@@ -77,7 +95,7 @@ class Actor:
         self.progress: Optional[TrainerProgress] = None
         """The trainer's last published progress; nothing is generated before the first one (the
         trainer publishes it once the fleet serves its weights)."""
-        self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0}
+        self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0, "turns": 0, "truncated": 0}
         self._t0 = time.monotonic()
         self._last_flush = self._last_metrics = time.monotonic()
 
@@ -113,24 +131,76 @@ class Actor:
     # -- one group -----------------------------------------------------------------------------
     async def _group(self, pending: PendingGroup) -> Optional[RolloutGroup]:
         problem = self.order.get(pending.problem_id)
-        prompt = render_prompt(self.tokenizer, problem)
+        env = self.cfg.environment(problem.domain, problem.metadata)
+        keys, start = await self.episodes.open(env, problem, self.rollout.group_size)
+        try:
+            return await self._episodes(pending, problem, keys, start)
+        except BaseException:
+            self.episodes.discard(keys)
+            raise
+
+    async def _episodes(self, pending: PendingGroup, problem, keys: list[str], start: Start) -> Optional[RolloutGroup]:
+        prompt = self.chat.prompt(start.messages, start.tools)
         if len(prompt) > self.cfg.max_prompt_tokens:
             log.warning("problem %s: prompt of %d tokens > actor.max_prompt_tokens=%d, skipped", problem.id,
                         len(prompt), self.cfg.max_prompt_tokens)
             self.stats["skipped_prompts"] += 1
+            self.episodes.discard(keys)
             return None
         submitted, t0 = time.time(), time.monotonic()
-        completions = await self.client.generate(prompt, self.sampling, n=self.rollout.group_size)
+        completions = await self.client.generate(prompt, self._sampling(0), n=self.rollout.group_size)
         t1 = time.monotonic()
+        trajectories = [Trajectory.single(c, len(prompt)) for c in completions]
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-        results = await self.verify(problem.domain, problem, texts)
+        answers = await self.episodes.step(list(zip(keys, texts)))  # the first turns, one call
+        t2 = time.monotonic()
+        results = await asyncio.gather(*(self._rollout(key, t, prompt, start, text, answer)
+                                         for key, t, text, answer in zip(keys, trajectories, texts, answers)))
         for r in results:
             if r.outcome is Outcome.VERIFIER_ERROR:
                 log.error("problem %s (%s): the verifier failed, the group is dropped: %s", problem.id, problem.domain,
                           r.detail[:DETAIL_CHARS])
-        timings = GroupTimings(submitted_at=submitted, generate_s=t1 - t0, verify_s=time.monotonic() - t1)
-        return build_group(problem=problem, prompt_ids=prompt, completions=completions, results=results,
+        self.stats["turns"] += sum(len(t.turns) for t in trajectories)
+        self.stats["truncated"] += sum(t.truncated for t in trajectories)
+        timings = GroupTimings(submitted_at=submitted, generate_s=t1 - t0 + max(time.monotonic() - t2, 0.0),
+                               verify_s=t2 - t1)
+        return build_group(problem=problem, prompt_ids=prompt, completions=trajectories, results=results,
                            rewards=self.rewards, admitted_version=pending.admitted_version, timings=timings)
+
+    def _sampling(self, used: int) -> SamplingConfig:
+        """One turn's request: at most what is left of the trajectory's token budget."""
+        left = self.budget - used
+        if left >= self.sampling.max_tokens:
+            return self.sampling
+        return dataclasses.replace(self.sampling, max_tokens=left)
+
+    async def _rollout(self, key: str, t: Trajectory, prompt: list[int], start: Start, text: str, answer: Answer):
+        """The turns after the first, until the episode ends or a limit stops it (truncated);
+        returns the episode's score."""
+        history = list(start.messages)
+        while not answer.reply.done:
+            reply: Reply = answer.reply
+            last = t.last_ids
+            if not last or t.finish_reason == "length":  # an empty turn, or one cut at the length limit
+                t.truncated = True
+                break
+            if len(t.turns) >= self.cfg.max_turns:
+                t.truncated = True
+                break
+            between = self.chat.between(history, start.tools, reply.messages, last)
+            if len(t.ids) + len(between) + 1 > self.budget:
+                t.truncated = True
+                break
+            history += [{"role": "assistant", "content": text}, *reply.messages]
+            t.add_environment(between)
+            completion = (await self.client.generate(prompt + t.ids, self._sampling(len(t.ids)), n=1))[0]
+            t.add_turn(completion)
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            answer = (await self.episodes.step([(key, text)]))[0]
+        t.finish()
+        if answer.reply.done:
+            return answer.result
+        return (await self.episodes.close([key]))[0]
 
     def _start(self, pending: PendingGroup) -> None:
         self.tasks[asyncio.create_task(self._group(pending))] = pending
@@ -226,7 +296,9 @@ class Actor:
         m = {"actor/in_flight": float(len(self.tasks)), "actor/groups_written": float(self.stream.next_seq),
              "actor/gen_tokens_per_s": self.stats["tokens"] / elapsed,
              "actor/skipped_prompts": float(self.stats["skipped_prompts"]),
-             "actor/fleet_retries": float(self.stats["fleet_retries"])}
+             "actor/fleet_retries": float(self.stats["fleet_retries"]),
+             "actor/turns_per_rollout": self.stats["turns"] / max(self.stats["groups"] * self.rollout.group_size, 1),
+             "actor/truncated": float(self.stats["truncated"])}
         m.update({f"actor/p/{d}": p for d, p in self.sampler.probabilities().items()})
         self.metrics.log(m, self.progress.step if self.progress else 0)
         self._last_metrics = now

@@ -154,7 +154,7 @@ def convert_bfcl(row: dict, index: int, answers: dict[str, Any]) -> Problem:
         raise SkipRow("no possible answer (not an AST-checkable category)")
     turns = row["question"]
     if len(turns) != 1:
-        raise SkipRow("multi-turn")
+        raise SkipRow("multi-turn (convert it with bfcl_multi_turn)")
     messages = [{"role": m["role"], "content": m["content"]} for m in turns[0]]
     reference = {"ground_truth": answers[row["id"]], "functions": row["function"]}
     broken = unpassable_reason(reference["ground_truth"], reference["functions"])
@@ -162,6 +162,19 @@ def convert_bfcl(row: dict, index: int, answers: dict[str, Any]) -> Problem:
         raise SkipRow(f"no call can pass the gold answer: {row['id']}: {broken}")
     return Problem(id=f"bfcl-{row['id']}", domain="function_calling", prompt=messages, reference=reference,
                    metadata={"source": "bfcl_v4", "category": row["id"].rsplit("_", 1)[0], "tools": row["function"]})
+
+
+def convert_bfcl_multi_turn(row: dict, index: int, answers: dict[str, Any]) -> Problem:
+    """A BFCL v4 multi-turn row (base, miss_func, miss_param, long_context) with its possible
+    answer: a function_calling problem run by the ``bfcl_multi_turn`` environment
+    (``metadata["environment"]``; ``envs/bfcl_multi_turn.py``, whose loader this is)."""
+    from megatron_apriel.envs.bfcl_multi_turn import problem_from_row
+
+    if "initial_config" not in row or "involved_classes" not in row:
+        raise SkipRow("not a multi-turn row (no initial_config/involved_classes; convert it with bfcl)")
+    if row["id"] not in answers:
+        raise SkipRow("no possible answer")
+    return problem_from_row(row, answers[row["id"]])
 
 
 # --- evaluation benchmarks --------------------------------------------------------------------
@@ -253,6 +266,6 @@ def convert_livecodebench(row: dict, index: int, start_date: str = "", end_date:
 
 CONVERTERS: dict[str, Callable[..., Problem]] = {
     "orz": convert_orz, "taco": convert_taco, "apps": convert_apps, "i3_logic": convert_i3_logic,
-    "if_multi": convert_if_multi, "bfcl": convert_bfcl,
+    "if_multi": convert_if_multi, "bfcl": convert_bfcl, "bfcl_multi_turn": convert_bfcl_multi_turn,
     "aime": convert_aime, "gpqa": convert_gpqa, "mmlu_pro": convert_mmlu_pro, "livecodebench": convert_livecodebench,
 }

@@ -98,3 +98,71 @@ class FakeFleet:
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
+
+
+class FakeToolFleet:
+    """A fake fleet for multi-turn rollouts, with a real tokenizer: ``policy(context)`` writes the
+    next assistant turn from the decoded context (special tokens kept), and the turn's ids are
+    that text encoded in random pieces (each cut with probability ``split_p``): as a sampler does,
+    it often produces ids that are not the tokenizer's own encoding of the text, then the EOS
+    token, cut at ``max_tokens`` (``finish_reason`` length). Log-probs are a function of the
+    tokens; the weight version is ``version``, raised by one every ``bump_every`` requests (0:
+    never), so trajectories span versions. ``routed_experts`` (layers, k): each choice carries
+    ``[prompt + completion - 1, layers, k]`` uint8 ids, a function of the position (``route``)."""
+
+    def __init__(self, tokenizer, policy, split_p: float = 0.3, seed: int = 0, bump_every: int = 0,
+                 routed_experts: Optional[tuple[int, int]] = None, max_delay_s: float = 0.0):
+        self.tokenizer, self.policy, self.split_p = tokenizer, policy, split_p
+        self.rng = random.Random(seed)
+        self.version, self.bump_every, self.requests = 0, bump_every, 0
+        self.routed_experts, self.max_delay_s = routed_experts, max_delay_s
+        self.sampled: dict[tuple[int, ...], list[list[int]]] = {}
+        """Each request's prompt ids -> the ids of its choices."""
+
+    def sample_ids(self, text: str) -> list[int]:
+        ids, piece = [], ""
+        for ch in text:
+            piece += ch
+            if self.rng.random() < self.split_p:
+                ids += self.tokenizer.encode(piece, add_special_tokens=False)
+                piece = ""
+        if piece:
+            ids += self.tokenizer.encode(piece, add_special_tokens=False)
+        return ids + [self.tokenizer.eos_token_id]
+
+    @staticmethod
+    def route(position: int, layers: int, k: int) -> np.ndarray:
+        return (np.arange(layers * k).reshape(layers, k) + position) % 251
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": str(self.version)})
+        if self.max_delay_s:
+            await asyncio.sleep(self.rng.uniform(0, self.max_delay_s))
+        body = json.loads(request.content)
+        prompt, params = body["token_ids"], body["sampling_params"]
+        self.requests += 1
+        if self.bump_every and self.requests % self.bump_every == 0:
+            self.version += 1
+        context = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        choices = []
+        for i in range(params["n"]):
+            tokens = self.sample_ids(self.policy(context))
+            finish = "stop"
+            if len(tokens) > params["max_tokens"]:
+                tokens, finish = tokens[:params["max_tokens"]], "length"
+            choice = {"index": i, "finish_reason": finish, "token_ids": tokens,
+                      "weight_versions": [{"version": str(self.version), "start": 0, "end": len(tokens)}],
+                      "logprobs": {"content": [{"token_id": t, "logprob": -0.01 * (t % 7)} for t in tokens]}}
+            if self.routed_experts is not None:
+                layers, k = self.routed_experts
+                rows = np.stack([self.route(p, layers, k) for p in range(len(prompt) + len(tokens) - 1)])
+                buf = io.BytesIO()
+                np.save(buf, rows.astype(np.uint8), allow_pickle=False)
+                choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode("ascii")
+            choices.append(choice)
+            self.sampled.setdefault(tuple(prompt), []).append(tokens)
+        return httpx.Response(200, json={"choices": choices})
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)

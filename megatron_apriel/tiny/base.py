@@ -102,7 +102,8 @@ def build_task_base(out_dir: str | Path, cfg: TinyBaseConfig, problems: list[Pro
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     corpus = [prompt[0]["content"] + answer for prompt, answer in examples]
-    build_tiny_model(staging, TinySpec(seed=cfg.seed, num_experts=cfg.num_experts), extra_corpus=corpus)
+    spec = TinySpec(seed=cfg.seed, num_experts=cfg.num_experts, max_position_embeddings=cfg.max_positions)
+    build_tiny_model(staging, spec, extra_corpus=corpus)
     tok = AutoTokenizer.from_pretrained(staging)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32)

@@ -7,10 +7,12 @@ from collections import Counter
 import pytest
 
 from megatron_apriel.actor.config import ActorConfig
+from megatron_apriel.actor.episodes import InlineEpisodes
 from megatron_apriel.actor.grouping import build_group
 from megatron_apriel.actor.loop import Actor
 from megatron_apriel.data.datasets import ProblemPools
 from megatron_apriel.data.order import DomainOrder
+from megatron_apriel.envs.registry import ENVIRONMENTS
 from megatron_apriel.fleet.client import Completion, FleetClient
 from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.records.config import RolloutConfig
@@ -29,7 +31,7 @@ from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
 from megatron_apriel.tiny.base import addition_problems
-from megatron_apriel.verifiers import Outcome, VerifierResult, verify_group
+from megatron_apriel.verifiers import Outcome, VerifierResult
 from megatron_apriel.verifiers.base import correct, failed
 
 
@@ -39,13 +41,10 @@ def make_actor(root, fleet, rollout, accuracy_seed=0, max_in_flight=8, count="co
                       flush_interval_s=0.01, poll_s=0.005)
     client = FleetClient(["http://fake-a", "http://fake-b"], transport=fleet.transport())
 
-    async def verify(domain, problem, texts):
-        return verify_group(domain, problem, texts)
-
     rewards = RewardConfig(max_len=64, buffer=16)
     return Actor(cfg=cfg, rollout=rollout, rewards=rewards, sampling=SamplingConfig(max_tokens=64), client=client,
                  sampler=cfg.sampler.build(), order=DomainOrder(pools, seed=3), tokenizer=ByteTokenizer(),
-                 stream=StreamWriter(root), verify=verify)
+                 stream=StreamWriter(root), episodes=InlineEpisodes(ENVIRONMENTS))
 
 
 async def run_with_trainer(root, actor, fleet, rollout, steps):

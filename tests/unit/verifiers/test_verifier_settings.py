@@ -9,6 +9,7 @@ from http.server import HTTPServer
 import pytest
 from hydra import compose, initialize_config_module
 
+from megatron_apriel.actor.episodes import Answer
 from megatron_apriel.config import register_configs, to_run_config
 from megatron_apriel.entrypoints.actor import verifier_pool
 from megatron_apriel.records.config import RolloutConfig
@@ -86,14 +87,16 @@ def test_a_verifier_failure_is_kept_in_the_record_and_logged(tmp_path, caplog):
     actor = make_actor(tmp_path, fleet, rollout)
     calls = []
 
-    async def verify(domain, problem, texts):  # the first group's verifier fails on its second rollout
-        calls.append(problem.id)
-        results = verify_group(domain, problem, texts)
-        if len(calls) == 1:
-            results[1] = VerifierResult(0.0, False, Outcome.VERIFIER_ERROR, note)
-        return results
+    inner = actor.episodes.step
 
-    actor.verify = verify
+    async def step(items):  # the first group's verifier fails on its second rollout
+        answers = await inner(items)
+        calls.append(len(items))
+        if len(calls) == 1:
+            answers[1] = Answer(answers[1].reply, VerifierResult(0.0, False, Outcome.VERIFIER_ERROR, note))
+        return answers
+
+    actor.episodes.step = step
     with caplog.at_level(logging.ERROR, logger="megatron_apriel.actor"):
         asyncio.run(run_with_trainer(tmp_path, actor, fleet, rollout, steps=1))
     first = StreamReader(tmp_path).next_group()
