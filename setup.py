@@ -36,8 +36,7 @@ setup(
         # Also bfcl-eval==2026.3.23, installed with --no-deps by tools/setup_cpu_env.sh: listed here,
         # pip would follow its pins (numpy 1.26, sentence-transformers, faiss, API clients).
         # ruff: `ruff check .` runs in .ci/run before the tests (ruff.toml); its rules change between minors
-        # pytest-xdist: the suite runs on two workers (pytest.ini), each module whole on one of them
-        "test": ["pytest>=8", "pytest-xdist>=3.6,<4", "ruff>=0.17,<0.18"],
+        "test": ["pytest>=8", "ruff>=0.17,<0.18"],
         # NVIDIA Apex is not on PyPI (the "apex" there is another project): build it from
         # github.com/NVIDIA/apex if wanted; Megatron falls back to torch kernels without it.
         # vLLM: the range whose RL routes and weight-transfer API we test (the CPU build is 0.32.0).

@@ -3,7 +3,7 @@ used on average, and the idle core-seconds a parallel run could fill. Reads what
 ``tests/cpu_profile.py`` wrote (one file, or one per xdist worker).
 
     APRIEL_SUITE_PROFILE=runs/profile.jsonl CI=true python -m pytest -p tests.cpu_profile
-    python -m tools.suite_profile runs/profile.jsonl [--top 25] [--markdown] [--write-costs tests/module_costs.json]
+    python -m tools.suite_profile runs/profile.jsonl [--top 25] [--markdown] [--write-costs FILE]
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=25, help="how many phases in the slowest-phases table")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--write-costs", type=Path, default=None, metavar="JSON",
-                    help="also write each module's wall seconds there (tests/module_costs.json orders the suite)")
+                    help="also write each module's wall seconds there, as JSON")
     args = ap.parse_args(argv)
     rows, cores = read_rows(args.profile)
     if args.write_costs:

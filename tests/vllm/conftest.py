@@ -2,7 +2,6 @@
 vLLM is not installed. At most one server runs; it is stopped (its process group) at the end."""
 
 import importlib.util
-import os
 
 import pytest
 
@@ -37,12 +36,9 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     from megatron_apriel.fleet.registry import start_server
-    from megatron_apriel.launch.components import server_core
 
-    core = server_core(0, os.environ, os.sched_getaffinity(0))  # this xdist worker's core, as its launches'
-    env = {} if core is None else {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
     server = start_server(tiny_model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log",
-                          extra_args=["--max-model-len", "512", "--max-num-seqs", "32"], env=env)
+                          extra_args=["--max-model-len", "512", "--max-num-seqs", "32"])
     try:
         server.wait_healthy(timeout_s=240)
         yield server
