@@ -165,3 +165,19 @@ def test_the_dry_run_on_a_gpu_machine_refuses_the_presets_default_in_one_line(tm
     monkeypatch.setattr(components, "gpus_present", lambda env: 8)
     with pytest.raises(ValueError, match="launch.gpus_per_node=0 would give every process every GPU"):
         components.components(run_config(tmp_path, "launch.nproc_per_node=4"))
+
+
+def test_each_local_server_gets_its_own_core_on_a_cpu_machine(tmp_path, monkeypatch):
+    """vLLM's default binds every CPU server's worker to one core; the launch spreads them: server i
+    on core i (from APRIEL_FIRST_CORE, wrapping), unless the user binds them."""
+    from megatron_apriel.launch.components import components, server_core
+
+    assert [server_core(i, {}, [0, 1]) for i in range(3)] == [0, 1, 0]
+    assert [server_core(i, {"APRIEL_FIRST_CORE": "1"}, [0, 1]) for i in range(2)] == [1, 0]
+    assert server_core(0, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}, [0, 1]) is None
+    assert server_core(0, {}, [0]) is None
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("APRIEL_FIRST_CORE", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    parts = components(run_config(tmp_path, "fleet.num_servers=2"))
+    assert [c.env.get("VLLM_CPU_OMP_THREADS_BIND") for c in parts if c.name.startswith("server_")] == ["0", "1"]
