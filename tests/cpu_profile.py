@@ -9,9 +9,7 @@ run under its daemons and count only in the machine figure).
     python -m tools.suite_profile runs/profile.jsonl      # the per-module table
 
 The CPU figure is read from /proc/stat (busy ticks of all cores), so it is exact for a quiet
-machine and counts anything else that runs beside the suite. Under pytest-xdist each worker writes
-its own file (``<path>.<worker>``); phases of two workers overlap, so their CPU figures overlap too
-and are only comparable within one worker.
+machine and counts anything else that runs beside the suite.
 """
 
 from __future__ import annotations
@@ -45,18 +43,14 @@ def own_cpu_s() -> float:
 
 def _out_path() -> Path | None:
     path = os.environ.get("APRIEL_SUITE_PROFILE")
-    if not path:
-        return None
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    return Path(f"{path}.{worker}" if worker else path)
+    return Path(path) if path else None
 
 
 class _Recorder:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", buffering=1)
-        self._file.write(json.dumps({"session_start": time.time(), "cores": os.cpu_count(),
-                                     "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
+        self._file.write(json.dumps({"session_start": time.time(), "cores": os.cpu_count()}) + "\n")
 
     def phase(self, item: pytest.Item, when: str, t0: float, c0: float, o0: float) -> None:
         row = {"nodeid": item.nodeid, "when": when, "start": t0, "wall_s": round(time.time() - t0, 3),

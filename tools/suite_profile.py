@@ -1,9 +1,9 @@
 """The suite's cost per module: wall seconds, CPU seconds of the whole machine meanwhile, the cores
 used on average, and the idle core-seconds a parallel run could fill. Reads what the pytest plugin
-``tests/cpu_profile.py`` wrote (one file, or one per xdist worker).
+``tests/cpu_profile.py`` wrote.
 
     APRIEL_SUITE_PROFILE=runs/profile.jsonl CI=true python -m pytest -p tests.cpu_profile
-    python -m tools.suite_profile runs/profile.jsonl [--top 25] [--markdown] [--write-costs FILE]
+    python -m tools.suite_profile runs/profile.jsonl [--top 25] [--markdown]
 """
 
 from __future__ import annotations
@@ -28,20 +28,17 @@ class Cost:
 
 
 def read_rows(path: Path) -> tuple[list[dict], int]:
-    """The phase rows of ``path`` and of its per-worker siblings (``path.gw0``...), and the cores."""
-    files = [path] if path.exists() else []
-    files += sorted(path.parent.glob(path.name + ".gw*"))
-    if not files:
-        raise SystemExit(f"no profile at {path} (nor {path}.gw*): run pytest with -p tests.cpu_profile "
-                         f"and APRIEL_SUITE_PROFILE={path}")
+    """The phase rows of ``path`` and the machine's cores."""
+    if not path.exists():
+        raise SystemExit(f"no profile at {path}: run pytest with APRIEL_SUITE_PROFILE={path} "
+                         "(pytest.ini loads tests/cpu_profile.py)")
     rows, cores = [], 1
-    for f in files:
-        for line in f.read_text().splitlines():
-            row = json.loads(line)
-            if "session_start" in row:
-                cores = row["cores"]
-                continue
-            rows.append(dict(row, worker=f.suffix if f != path else ""))
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "session_start" in row:
+            cores = row["cores"]
+        else:
+            rows.append(row)
     return rows, cores
 
 
@@ -77,28 +74,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("profile", type=Path)
     ap.add_argument("--top", type=int, default=25, help="how many phases in the slowest-phases table")
     ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("--write-costs", type=Path, default=None, metavar="JSON",
-                    help="also write each module's wall seconds there, as JSON")
     args = ap.parse_args(argv)
     rows, cores = read_rows(args.profile)
-    if args.write_costs:
-        modules = table(rows, cores, lambda r: module_of(r["nodeid"]), 10_000)
-        args.write_costs.write_text(json.dumps({m: round(c.wall_s, 1) for m, c in modules}, indent=1) + "\n")
     start = min(r["start"] for r in rows)
     end = max(r["start"] + r["wall_s"] for r in rows)
     total = Cost()
     for r in rows:
         total.add(r["wall_s"], r["cpu_s"], r.get("own_cpu_s", 0.0))
-    workers = sorted({r["worker"] for r in rows})
-    print(f"{len({r['nodeid'] for r in rows})} tests, {len(workers)} worker(s), {cores} cores: "
-          f"{end - start:.0f} s from the first phase's start to the last one's end; "
-          f"phases add up to {total.wall_s:.0f} s wall and {total.cpu_s:.0f} CPU-s"
-          + ("" if len(workers) > 1 else f" ({total.cpu_s / max(total.wall_s, 1e-9):.2f} cores used)"))
-    if len(workers) > 1:
-        busy = {w: sum(r["wall_s"] for r in rows if r["worker"] == w) for w in workers}
-        ends = {w: max(r["start"] + r["wall_s"] for r in rows if r["worker"] == w) - start for w in workers}
-        print("workers: " + "; ".join(f"{w.lstrip('.')} ran tests for {busy[w]:.0f} s and ended at {ends[w]:.0f} s"
-                                     for w in workers))
+    print(f"{len({r['nodeid'] for r in rows})} tests, {cores} cores: {end - start:.0f} s from the first phase's "
+          f"start to the last one's end; phases add up to {total.wall_s:.0f} s wall and {total.cpu_s:.0f} CPU-s "
+          f"({total.cpu_s / max(total.wall_s, 1e-9):.2f} cores used)")
     print()
     print(render("per module (setup + call + teardown)", table(rows, cores, lambda r: module_of(r["nodeid"]), 200),
                  cores, args.markdown))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from megatron_apriel.parallel.context import cp_positions
-from megatron_apriel.records.rollouts import TrainSample, balance_by_tokens
+from megatron_apriel.records.samples import TrainSample, balance_by_tokens
 
 
 @dataclass

@@ -19,7 +19,7 @@ from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.parallel.collectives import all_gather_cat, all_reduce_sum
 from megatron_apriel.parallel.groups import ParallelContext
 from megatron_apriel.records.config import RolloutConfig
-from megatron_apriel.records.rollouts import TrainSample
+from megatron_apriel.records.samples import TrainSample
 from megatron_apriel.rewards import RewardConfig, group_advantages, is_zero_advantage_group
 
 

@@ -32,7 +32,8 @@ from typing import Callable, Optional, Protocol
 from megatron_apriel.parallel.collectives import broadcast_object
 from megatron_apriel.records.config import RolloutConfig
 from megatron_apriel.records.lag import group_lag
-from megatron_apriel.records.rollouts import RolloutGroup, TrainSample, balance_by_tokens
+from megatron_apriel.records.rollouts import RolloutGroup
+from megatron_apriel.records.samples import TrainSample, balance_by_tokens
 from megatron_apriel.records.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
 from megatron_apriel.trainer.mismatch import server_key
 

@@ -21,7 +21,7 @@ from megatron_apriel.model.routing import StageRouting
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.dims import cp_alignment
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.records.rollouts import TrainSample
+from megatron_apriel.records.samples import TrainSample
 from megatron_apriel.stop import STOP_COST_FILE, StopFlag, StopRequested
 from megatron_apriel.trainer.batch import MicroBatch, cp_shard, packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.checkpoint import (

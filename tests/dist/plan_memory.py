@@ -18,7 +18,7 @@ from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.model.config import OptimConfig
 from megatron_apriel.model.wrap import build_optimizer, wrap_model
 from megatron_apriel.parallel import ParallelConfig, destroy_parallel, init_parallel
-from megatron_apriel.records.rollouts import TrainSample
+from megatron_apriel.records.samples import TrainSample
 from megatron_apriel.trainer.batch import packed_microbatches, split_for_data_parallel
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.step import train_step

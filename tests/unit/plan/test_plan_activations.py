@@ -14,7 +14,7 @@ import torch
 from megatron_apriel.model import ModelArch, ModelConfig, build_model
 from megatron_apriel.parallel.rendezvous import single_process_world
 from megatron_apriel.plan.activations import ActivationShape, head_bytes, layer_bytes
-from megatron_apriel.records.rollouts import TrainSample
+from megatron_apriel.records.samples import TrainSample
 from megatron_apriel.trainer.batch import packed_microbatches
 from megatron_apriel.trainer.step import forward_logits, token_logprobs
 

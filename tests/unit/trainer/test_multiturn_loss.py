@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_apriel.records.rollouts import TrainSample
+from megatron_apriel.records.samples import TrainSample
 from megatron_apriel.trainer.batch import packed_microbatches, padded_microbatches
 from megatron_apriel.trainer.config import LossConfig
 from megatron_apriel.trainer.loss import LossInputs, finalize_metrics, policy_loss
