@@ -52,6 +52,10 @@ _APPLIED = threading.Event()  # set once: the patches are process-wide by nature
 
 
 def mcore_version() -> str:
+    """The installed megatron-core's version. Importing any ``megatron.core`` module runs the
+    package's ``__init__``; on the CPU that first import goes without the JIT fuser."""
+    if not torch.cuda.is_available():
+        import_mcore_without_jit_fuser()
     from megatron.core.package_info import __version__
 
     return __version__
@@ -194,7 +198,8 @@ def shield_checkpoint_writer() -> None:
     ``step_N.tmp``. Here the manager is started by us, ignoring both signals (and killed with
     the trainer), and the resource tracker the writers' queues need is started with SIGUSR1
     ignored (it ignores SIGTERM itself). Call once per trainer rank, before the first save and
-    before installing the stop handlers: SIG_IGN is what the spawned tracker inherits.
+    before installing the stop handlers and before ``init_parallel`` (the manager is forked: no CUDA
+    context or process group may exist yet); SIG_IGN is what the spawned tracker inherits.
     """
     check_mcore_version()
     from multiprocessing import resource_tracker
@@ -208,7 +213,9 @@ def shield_checkpoint_writer() -> None:
     finally:
         signal.signal(signal.SIGUSR1, before)
     if filesystem_async._results_queue is None:
-        manager = SyncManager(ctx=torch.multiprocessing.get_context("spawn"))
+        # Forked, not spawned as Megatron's own: a spawned child imports torch again (~4 CPU-s per
+        # rank). Safe here: no CUDA context and no threads of ours exist yet (init_parallel is next).
+        manager = SyncManager(ctx=torch.multiprocessing.get_context("fork"))
         manager.start(initializer=_shielded_helper)
         filesystem_async._results_queue = manager.Queue()  # the proxy keeps its manager alive
 
