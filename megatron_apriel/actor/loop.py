@@ -329,7 +329,3 @@ class Actor:
             self._flush(force=True)
 
 
-def load_tokenizer(model_dir: str | Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))

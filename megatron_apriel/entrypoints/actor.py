@@ -63,7 +63,7 @@ def check_environments(run: RunConfig, pools) -> None:
 
 
 async def _run_actor(run: RunConfig) -> None:
-    from megatron_apriel.actor.loop import Actor, load_tokenizer
+    from megatron_apriel.actor.loop import Actor
     from megatron_apriel.actor.trajectory import PROBE, ChatTokens
     from megatron_apriel.data.datasets import training_pools
     from megatron_apriel.data.order import DomainOrder
@@ -71,6 +71,7 @@ async def _run_actor(run: RunConfig) -> None:
     from megatron_apriel.fleet.registry import fleet_urls, registered
     from megatron_apriel.metrics import TensorBoardLogger
     from megatron_apriel.records.stream import StreamWriter
+    from megatron_apriel.tokenizer import load_tokenizer
 
     pools = training_pools(run.actor.data, run.actor.sampler.mix)
     check_environments(run, pools)

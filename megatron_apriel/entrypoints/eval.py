@@ -213,13 +213,12 @@ def _fleet(args: argparse.Namespace, checkpoint):
 
 
 async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[str]) -> dict:
-    from transformers import AutoTokenizer
-
     from megatron_apriel.eval.session import run_benchmarks
     from megatron_apriel.fleet.client import FleetClient
+    from megatron_apriel.tokenizer import load_tokenizer
     from megatron_apriel.verifiers import make_verifier_pool
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     client = FleetClient(urls, max_attempts=4, cooldown_s=2.0)
     pool = make_verifier_pool(cfg.verifier_workers)
     label = args.label or Path(args.checkpoint).resolve().name

@@ -84,9 +84,9 @@ class WhitespaceCounter:
 
 class TokenizerCounter:
     def __init__(self, path: Path) -> None:
-        from transformers import AutoTokenizer
+        from megatron_apriel.tokenizer import load_tokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.tokenizer = load_tokenizer(path)
         self.description = f"tokens of the tokenizer in {path} (each step encoded alone, no special tokens)"
 
     def count(self, texts: list[str]) -> list[int]:
