@@ -42,7 +42,6 @@ import collections
 import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 from megatron_apriel.actor.config import ActorConfig
