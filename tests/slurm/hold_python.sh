@@ -3,8 +3,10 @@
 # the test armed in $APRIEL_TEST_HOLDS, so that the test can signal the job at that very moment:
 #   prepare.arm: the next prepare step writes prepare.held and waits for prepare.go;
 #   save.arm:    the next trainer (one rank of it) holds its first checkpoint save, with Megatron's
-#                file writers running, until that writer receives SIGTERM (tests/slurm/hold_save.py).
-# Each arm file is taken once (renamed atomically, so one rank or step takes it).
+#                file writers running, until that writer receives SIGTERM (tests/slurm/hold_save.py);
+#   step.arm:    every trainer rank of a run starting from scratch holds after its first step until a
+#                stop request reaches it (tests/slurm/hold_step.py). Not taken: every rank, every attempt.
+# prepare.arm and save.arm are taken once (renamed atomically, so one rank or step takes them).
 set -euo pipefail
 H=${APRIEL_TEST_HOLDS:?the test sets APRIEL_TEST_HOLDS}
 case " $* " in
@@ -17,6 +19,10 @@ case " $* " in
     if mv "$H/save.arm" "$H/save.taken.$$" 2>/dev/null; then
       shift 2
       exec "$APRIEL_TEST_PYTHON" -m tests.slurm.hold_save "$@"
+    fi
+    if [[ -e "$H/step.arm" ]]; then
+      shift 2
+      exec "$APRIEL_TEST_PYTHON" -m tests.slurm.hold_step "$@"
     fi ;;
 esac
 exec "$APRIEL_TEST_PYTHON" "$@"
