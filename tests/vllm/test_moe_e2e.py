@@ -24,10 +24,13 @@ from tests.unit.conftest import launcher_env
 from tests.vllm.test_faults import checkpoint, rows, stream, trainer_ranks, wait_for_step
 
 pytestmark = pytest.mark.vllm
-STEPS, SAVE_EVERY, STOP_AT = 40, 16, 5
-"""The preset's 40 steps; launch 2 saves at 16 and 32, the replay trains to 16."""
+STEPS, SAVE_EVERY, STOP_AT = 24, 8, 5
+"""24 steps, the fewest where the reward's rise is clear (first 6 against last 6; the preset has
+40); launch 1 stops after step 5, launch 2 saves at 8, 16 and 24, the replay trains to 8."""
+PRESET_STEPS = 40
+"""The learning-rate schedule stays the preset's (cosine over 40 steps): these are its first 24."""
 COMMON = ["--config-name", "tiny_moe_cpu", "parallel.cp=2", f"checkpoint.save_every={SAVE_EVERY}",
-          "checkpoint.keep_last=0"]
+          "checkpoint.keep_last=0", f"optim.decay_steps={PRESET_STEPS}"]
 
 
 def apriel_train(run: Path, *extra: str, wait: bool = True):
@@ -45,18 +48,18 @@ def apriel_train(run: Path, *extra: str, wait: bool = True):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     run = root / "run"
-    first = apriel_train(run, wait=False)
+    first = apriel_train(run, f"trainer.steps={STEPS}", wait=False)
     wait_for_step(first, run, STOP_AT)
     for rank in trainer_ranks(first):  # preemption: SLURM signals every task
         rank.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-6000:]
     stopped = (run / "checkpoints" / "latest").read_text().strip()
-    err += apriel_train(run)  # the same command resumes
+    err += apriel_train(run, f"trainer.steps={STEPS}")  # the same command resumes
     replay = root / "replay"
     apriel_train(replay, "rollout.source=replay", f"rollout.replay_from={run / 'rollouts'}", "tiny_base.enabled=false",
-                 f"model.hf_path={run / 'base'}", f"trainer.steps={SAVE_EVERY}", f"optim.decay_steps={STEPS}",
-                 "launch.export_hf=false")  # the run's learning-rate schedule, over its 40 steps
+                 f"model.hf_path={run / 'base'}", f"trainer.steps={SAVE_EVERY}",
+                 "launch.export_hf=false")
     return root, run, replay, stopped, err
 
 
@@ -70,8 +73,8 @@ def test_it_learns_like_tiny_cpu(runs):
     steps = per_step(run)
     assert sorted(steps) == list(range(STEPS)) and 1 <= int(stopped.split("_")[1]) < SAVE_EVERY
     reward = [steps[k]["rollout/reward"] for k in range(STEPS)]
-    first, last = sum(reward[:10]) / 10, sum(reward[-10:]) / 10
-    assert last >= first + 0.2, (first, last)
+    first, last = sum(reward[:6]) / 6, sum(reward[-6:]) / 6
+    assert last >= first + 0.15, (first, last)  # stop 54's run: 0.43 -> 0.78 over these windows
 
 
 def test_the_trainer_replays_vllms_routing_and_its_log_probs_after_ep2_pushes(runs):
