@@ -13,7 +13,7 @@ the longest name that matches a module places it (a layer may take several lines
     2 model:         model
     3 convert, plan: convert plan
     4 sync, verify:  weight_sync verifiers envs serving
-    5 data:          data
+    5 data:          data tokenizer
     6 fleet access:  fleet
     7 sides:         trainer | actor eval | tiny
     8 launchers:     launch slurm

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Optional
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
 from megatron_apriel.convert import transforms as T
 from megatron_apriel.model.arch import ModelArch
+
+if TYPE_CHECKING:  # imported where tensors are built: apriel-train's dry run reads shapes only
+    import torch
 
 LAYER = "{layer}"
 EXPERT = "{expert}"
@@ -207,6 +208,8 @@ def canonical_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
 
 def expected_hf_shapes(arch: ModelArch, layer: Optional[int] = None) -> dict[str, tuple[int, ...]]:
     """Plain HF name -> shape for one layer (``layer``) or the non-layer tensors (None)."""
+    import torch
+
     out = {}
     for m, expert in concrete(arch, layer):
         meta = torch.empty(canonical_shape(m.megatron_name(layer, expert), arch), device="meta")

@@ -8,7 +8,10 @@ input width (hidden size), ``nq`` / ``nkv`` = query / key-value heads; a trailin
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a transform runs: the dry run reads shapes only
+    import torch
 
 RowPiece = tuple[int, int, int]
 """``(source, first_row, end_row)``: rows ``[first_row, end_row)`` of the ``source``-th input.
@@ -28,6 +31,8 @@ def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: i
     qg = q.reshape(num_kv_heads, -1, *rest)
     kg = k.reshape(num_kv_heads, head_dim, *rest)
     vg = v.reshape(num_kv_heads, head_dim, *rest)
+    import torch
+
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest)
 
 
@@ -52,6 +57,8 @@ def split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: in
 def merge_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """HF ``gate [f, h]``, ``up [f, h]`` -> Megatron SwiGLU ``linear_fc1 [2f, h]`` = [gate; up]."""
     assert gate.shape == up.shape, (gate.shape, up.shape)
+    import torch
+
     return torch.cat([gate, up], dim=0)
 
 

@@ -17,11 +17,12 @@ import json
 import random
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence
-
-import datasets
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from megatron_apriel.records.rollouts import DOMAINS, Problem
+
+if TYPE_CHECKING:  # imported where a file is read (~1 s): a dry run that reads none skips it
+    import datasets
 
 _COLUMNS = ("id", "domain", "prompt", "reference", "metadata")
 
@@ -68,6 +69,8 @@ def _locate_bad_json_line(path: Path) -> str | None:
 
 
 def _load_table(path: Path) -> datasets.Dataset:
+    import datasets
+
     if path.suffix == ".parquet":
         return datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
     if path.suffix not in (".jsonl", ".json"):
