@@ -17,6 +17,10 @@ the event loop. Single-turn domains take the same path (one ``open``, one batche
 answer carries the verifier's result): the verification of a group is one call into one worker,
 as it was with the verifier pool.
 
+A worker that dies (killed by the kernel's OOM killer, or a crash in native code) takes its
+episodes with it: the next call that reaches it raises ``EpisodesLost``, the worker is replaced by
+a fresh one, and the actor starts those groups again (once per problem; see ``actor/loop.py``).
+
 ``InlineEpisodes`` runs the same operations in the calling process (tests and benchmarks with
 trusted, instant environments: a slow step would block the loop there).
 """
@@ -26,17 +30,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import multiprocessing
 import signal
 import traceback
 import uuid
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from megatron_apriel.envs.base import Environment, Episode, Reply, Start, score_episode
 from megatron_apriel.records.rollouts import Outcome, Problem
 from megatron_apriel.verifiers.base import VerifierResult, failed
+
+log = logging.getLogger("megatron_apriel")
+
+
+class EpisodesLost(RuntimeError):
+    """An episode worker died: the episodes it held are gone (it has been replaced)."""
 
 
 @dataclass(frozen=True)
@@ -154,17 +166,40 @@ class EpisodeWorkers:
         environments by name."""
         if workers < 1:
             raise ValueError("EpisodeWorkers needs at least one worker.")
-        context = multiprocessing.get_context("spawn")
-        self.pools = [ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_init,
-                                          initargs=(factory,)) for _ in range(workers)]
+        self._factory = factory
+        self.pools = [self._new_pool() for _ in range(workers)]
         self.home: dict[str, int] = {}
         """Each live episode's worker."""
         self._load = [0] * workers
         self._tie = itertools.count()
+        self.restarts = 0
+        """Workers replaced after they died."""
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init, initargs=(self._factory,))
 
     async def _run(self, worker: int, op: str, *args):
+        pool = self.pools[worker]
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pools[worker], functools.partial(_call, op, *args))
+        try:
+            return await loop.run_in_executor(pool, functools.partial(_call, op, *args))
+        except BrokenProcessPool as err:
+            self._replace(worker, pool)
+            raise EpisodesLost(f"episode worker {worker} died ({err}); the episodes it held are lost") from err
+
+    def _replace(self, worker: int, pool: ProcessPoolExecutor) -> None:
+        """A fresh worker for a dead one (the first caller that finds it dead replaces it); the
+        episodes it held are forgotten."""
+        if self.pools[worker] is not pool:
+            return
+        self.pools[worker] = self._new_pool()
+        self.restarts += 1
+        lost = [key for key, w in self.home.items() if w == worker]
+        self._forget(lost)
+        pool.shutdown(wait=False, cancel_futures=True)
+        log.error("episode worker %d died: its %d episode(s) are lost and their groups start again; a new worker "
+                  "replaces it (%d replaced so far)", worker, len(lost), self.restarts)
 
     async def open(self, env: str, problem: Problem, n: int) -> tuple[list[str], Start]:
         tie = next(self._tie)
@@ -215,7 +250,11 @@ class EpisodeWorkers:
         """Drop episodes nobody will finish (a cancelled group), without waiting."""
         keys = [k for k in keys if k in self.home]
         for w, idx in self._by_worker(keys).items():
-            self.pools[w].submit(functools.partial(_call, "discard", [keys[i] for i in idx]))
+            pool = self.pools[w]
+            try:
+                pool.submit(functools.partial(_call, "discard", [keys[i] for i in idx]))
+            except BrokenProcessPool:  # it died: its episodes are gone anyway
+                self._replace(w, pool)
         self._forget(keys)
 
     def live(self) -> int:

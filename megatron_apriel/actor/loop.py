@@ -45,7 +45,7 @@ import time
 from typing import Callable, Optional
 
 from megatron_apriel.actor.config import ActorConfig
-from megatron_apriel.actor.episodes import Answer
+from megatron_apriel.actor.episodes import Answer, EpisodesLost
 from megatron_apriel.actor.grouping import build_group
 from megatron_apriel.actor.trajectory import ChatTokens, Trajectory
 from megatron_apriel.data.order import DomainOrder
@@ -94,7 +94,10 @@ class Actor:
         self.progress: Optional[TrainerProgress] = None
         """The trainer's last published progress; nothing is generated before the first one (the
         trainer publishes it once the fleet serves its weights)."""
-        self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0, "turns": 0, "truncated": 0}
+        self.stats = {"groups": 0, "tokens": 0, "skipped_prompts": 0, "fleet_retries": 0, "episode_retries": 0,
+                      "groups_lost": 0, "turns": 0, "truncated": 0}
+        self._lost: collections.Counter = collections.Counter()
+        """Problems whose episodes a dying worker took, and how often."""
         self._t0 = time.monotonic()
         self._last_flush = self._last_metrics = time.monotonic()
 
@@ -240,6 +243,17 @@ class Actor:
                 self.stats["fleet_retries"] += 1
                 self._start(pending)
                 continue
+            except EpisodesLost as err:  # its episode worker died (replaced): once more, then give it up
+                self._lost[pending.problem_id] += 1
+                if self._lost[pending.problem_id] > 1:
+                    log.error("group for %s lost its episodes twice (%s): dropped; its environment or verifier may "
+                              "crash its worker", pending.problem_id, err)
+                    self.stats["groups_lost"] += 1
+                    continue
+                log.warning("group for %s lost its episodes (%s); starting it again", pending.problem_id, err)
+                self.stats["episode_retries"] += 1
+                self._start(pending)
+                continue
             if group is None:
                 continue
             self.sampler.record_completion(group.domain, len(group.rollouts), trained=group.dropped is None)
@@ -296,6 +310,8 @@ class Actor:
              "actor/gen_tokens_per_s": self.stats["tokens"] / elapsed,
              "actor/skipped_prompts": float(self.stats["skipped_prompts"]),
              "actor/fleet_retries": float(self.stats["fleet_retries"]),
+             "actor/episode_retries": float(self.stats["episode_retries"]),
+             "actor/groups_lost": float(self.stats["groups_lost"]),
              "actor/turns_per_rollout": self.stats["turns"] / max(self.stats["groups"] * self.rollout.group_size, 1),
              "actor/truncated": float(self.stats["truncated"])}
         m.update({f"actor/p/{d}": p for d, p in self.sampler.probabilities().items()})
