@@ -61,10 +61,12 @@ def server_flags(run: RunConfig, index: Optional[int] = None) -> list[str]:
     trainer with ``rollout.routing_replay``, and compared with its own routing either way); for
     server ``index``, its ``fleet.per_server_vllm_args`` last."""
     args = run.fleet.server_args
-    need = run.actor.max_prompt_tokens + run.rewards.max_len
+    budget = run.actor.max_trajectory_tokens or run.rewards.max_len  # a trajectory's tokens, every turn's
+    need = run.actor.max_prompt_tokens + budget
     if args.max_model_len is not None and args.max_model_len < need:
+        what = "actor.max_trajectory_tokens" if run.actor.max_trajectory_tokens else "rewards.max_len"
         raise ValueError(f"fleet.vllm_args sets --max-model-len {args.max_model_len} < actor.max_prompt_tokens + "
-                         f"rewards.max_len = {need}; raise it or lower one of those.")
+                         f"{what} = {need}; raise it or lower one of those.")
     args = args.with_default("--max-model-len", str(need)).with_default("--seed", str(run.seed))
     if serves_moe(run):
         args = args.with_default("--return-routed-experts")

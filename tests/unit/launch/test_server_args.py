@@ -40,6 +40,13 @@ def test_the_run_refuses_a_context_shorter_than_prompt_plus_budget(given):
     flags = ServerArgs(tuple(server_flags(ok)))
     assert flags.max_model_len == ok.actor.max_prompt_tokens + ok.rewards.max_len \
         and flags.value("--seed") == str(ok.seed)
+    # multi-turn: a trajectory's later turns see the prompt and every earlier turn's tokens
+    turns = to_run_config(compose_run("tiny_local", ["actor.max_trajectory_tokens=300", "trainer.seq_len=512"]))
+    assert ServerArgs(tuple(server_flags(turns))).max_model_len == turns.actor.max_prompt_tokens + 300
+    short = f"fleet.vllm_args=[--max-model-len,{ok.actor.max_prompt_tokens + 299}]"
+    with pytest.raises(ValueError, match="actor.max_prompt_tokens \\+ actor.max_trajectory_tokens"):
+        server_flags(to_run_config(compose_run("tiny_local", ["actor.max_trajectory_tokens=300", "trainer.seq_len=512",
+                                                              short])))
 
 
 def test_routed_experts_are_vllms_option_on_gpu_and_our_capture_on_cpu():
