@@ -47,7 +47,22 @@ class ArithmeticConfig:
 
 
 @dataclass(kw_only=True)
+class SelfCheckConfig:
+    follow_ups: int = 1
+    """How many times the user asks for a check after the first answer (model turns: one more)."""
+
+    message: str = "Check your answer and give your final answer again."
+    """The user's follow-up message."""
+
+    def __post_init__(self) -> None:
+        if self.follow_ups < 1 or not self.message.strip():
+            raise ValueError(f"self_check needs follow_ups >= 1 and a message, got {self.follow_ups} and "
+                             f"{self.message!r}.")
+
+
+@dataclass(kw_only=True)
 class EnvsConfig:
     calls: ToolCallConfig = field(default_factory=ToolCallConfig)
     bfcl_multi_turn: BfclMultiTurnConfig = field(default_factory=BfclMultiTurnConfig)
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    self_check: SelfCheckConfig = field(default_factory=SelfCheckConfig)

@@ -18,6 +18,7 @@ from megatron_apriel.envs.arithmetic import ArithmeticEnvironment
 from megatron_apriel.envs.base import Environment
 from megatron_apriel.envs.bfcl_multi_turn import BfclMultiTurnEnvironment
 from megatron_apriel.envs.config import EnvsConfig
+from megatron_apriel.envs.self_check import SelfCheckEnvironment
 from megatron_apriel.envs.single_turn import SingleTurnEnvironment
 from megatron_apriel.verifiers.base import Verifier
 
@@ -35,6 +36,7 @@ def build_environments(settings: Optional[EnvsConfig] = None,
         **{domain: SingleTurnEnvironment(verifier) for domain, verifier in verifiers.items()},
         "bfcl_multi_turn": BfclMultiTurnEnvironment(settings.bfcl_multi_turn, settings.calls),
         "arithmetic": ArithmeticEnvironment(settings.arithmetic, settings.calls),
+        "self_check": SelfCheckEnvironment(settings.self_check, verifiers),
     })
 
 
