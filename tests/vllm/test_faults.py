@@ -100,7 +100,10 @@ def registered_as(run: Path, component: str):
 
 
 def trainer_ranks(proc):
-    return children(proc, lambda c: "megatron_apriel.entrypoints.train" in c and "torch.distributed.run" not in c)
+    """The launch's trainer ranks: torchrun's children (a rank's forked helper, the checkpoint
+    writer's manager, has the rank's command line but a rank for its parent)."""
+    ranks = children(proc, lambda c: "megatron_apriel.entrypoints.train" in c and "torch.distributed.run" not in c)
+    return [p for p in ranks if "torch.distributed.run" in " ".join(p.parent().cmdline())]
 
 
 def stream(root: Path) -> list:

@@ -93,9 +93,10 @@ def test_stop_signal_saves_and_exits_cleanly(tmp_path):
         if "step 2 |" in line or time.time() > deadline:
             break
     assert "step 2 |" in seen[-1], "".join(seen)[-4000:]
-    def is_rank(p: psutil.Process) -> bool:  # the trainer ranks, not apriel-train's torchrun or its agent
+    def is_rank(p: psutil.Process) -> bool:  # torchrun's children: not torchrun, nor a rank's forked helper
         cmd = " ".join(p.cmdline())
-        return "megatron_apriel.entrypoints.train" in cmd and "torch.distributed.run" not in cmd
+        return ("megatron_apriel.entrypoints.train" in cmd and "torch.distributed.run" not in cmd
+                and "torch.distributed.run" in " ".join(p.parent().cmdline()))
 
     ranks = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_rank(p)]
     assert len(ranks) == 2
