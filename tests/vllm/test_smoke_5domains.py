@@ -1,5 +1,9 @@
 """`apriel-train --config-name smoke_5domains`: all five domains on the shipped example data, through
-the real verifiers (code in the sandbox), the adaptive sampler, vLLM and the trainer, a few steps."""
+the real verifiers (code in the sandbox), the adaptive sampler, vLLM and the trainer, a few steps.
+
+Math runs in the self-check environment (``envs/self_check.py``: the user asks for a check after
+the first answer, the second is scored): multi-turn rollouts through real vLLM, token in and token
+out, with the tiny model, which calls no tools. The same launch proves both (no launch of its own)."""
 
 import shutil
 import subprocess
@@ -16,12 +20,15 @@ from tests.unit.conftest import launcher_env
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
+MULTI_TURN = ["+actor.environments={math: self_check}", "actor.max_trajectory_tokens=128"]
+"""A trajectory's 128 tokens: a first answer (up to 64), the follow-up's template tokens, a second answer."""
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_base):
     run = new_run_dir(tmp_path_factory.mktemp("smoke"), tiny_base)
-    proc = subprocess.run([shutil.which("apriel-train"), "--config-name", "smoke_5domains", f"run_dir={run}"],
+    proc = subprocess.run([shutil.which("apriel-train"), "--config-name", "smoke_5domains", f"run_dir={run}",
+                           *MULTI_TURN],
                           capture_output=True, text=True, timeout=1200, env=launcher_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     return run
@@ -52,3 +59,26 @@ def test_the_adaptive_mix_is_active_and_its_counts_match_the_stream(run_dir):
     sampler.load_state_dict(snap.sampler)
     probs, targets = sampler.probabilities(), sampler.targets
     assert sum(counts.values()) >= 8 and any(abs(probs[d] - targets[d]) > 1e-3 for d in targets)
+
+
+def test_math_rollouts_take_two_turns_token_in_token_out(run_dir):
+    """Through real vLLM: a self-check trajectory is the first answer as sampled, the follow-up's
+    chat-template tokens, the second answer as sampled; only the model's tokens carry log-probs and
+    weight versions; a trajectory with one turn was stopped (its first answer hit the budget)."""
+    from megatron_apriel.envs.config import SelfCheckConfig
+    from megatron_apriel.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(run_dir / "base")
+    rollouts = [r for g in groups(run_dir) if g.domain == "math" for r in g.rollouts]
+    two = [r for r in rollouts if len(r.model_turns) == 2]
+    assert two, Counter(len(r.model_turns) for r in rollouts)
+    assert all(r.truncated for r in rollouts if len(r.model_turns) == 1)
+    for r in rollouts:
+        assert len(r.model_turns) <= 2 and r.length <= 128
+        assert len(r.logprobs) == r.model_length == int(r.mask.sum())
+        assert sum(s.end - s.start for s in r.versions) == r.model_length
+    for r in two:
+        first, second = r.model_turns
+        between = tokenizer.decode(r.completion_ids[first.end:second.start].tolist(), skip_special_tokens=False)
+        assert SelfCheckConfig().message in between and "<|user|>" in between, between
+        assert not r.mask[first.end:second.start].any() and r.mask[second.start:second.end].all()
