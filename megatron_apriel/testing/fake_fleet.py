@@ -111,11 +111,20 @@ class FakeToolFleet:
     ``[prompt + completion - 1, layers, k]`` uint8 ids, a function of the position (``route``)."""
 
     def __init__(self, tokenizer, policy, split_p: float = 0.3, seed: int = 0, bump_every: int = 0,
-                 routed_experts: Optional[tuple[int, int]] = None, max_delay_s: float = 0.0):
+                 routed_experts: Optional[tuple[int, int]] = None, max_delay_s: float = 0.0, slots: int = 0,
+                 generation_s: float = 0.0):
+        """``slots`` > 0: a server of that many concurrent generations, each taking ``generation_s``
+        (a finite capacity that a benchmark can keep busy, or leave idle)."""
         self.tokenizer, self.policy, self.split_p = tokenizer, policy, split_p
         self.rng = random.Random(seed)
         self.version, self.bump_every, self.requests = 0, bump_every, 0
         self.routed_experts, self.max_delay_s = routed_experts, max_delay_s
+        self.slots = asyncio.Semaphore(slots) if slots else None
+        self.generation_s = generation_s
+        self.busy_s = 0.0
+        """Time spent making answers, waits excluded (a benchmark of the actor subtracts it)."""
+        self.tokens = 0
+        """Tokens generated so far."""
         self.sampled: dict[tuple[int, ...], list[list[int]]] = {}
         """Each request's prompt ids -> the ids of its choices."""
 
@@ -139,6 +148,10 @@ class FakeToolFleet:
             return httpx.Response(200, json={"weight_version": str(self.version)})
         if self.max_delay_s:
             await asyncio.sleep(self.rng.uniform(0, self.max_delay_s))
+        if self.slots is not None:
+            async with self.slots:
+                await asyncio.sleep(self.generation_s)
+        start = time.perf_counter()
         body = json.loads(request.content)
         prompt, params = body["token_ids"], body["sampling_params"]
         self.requests += 1
@@ -162,7 +175,10 @@ class FakeToolFleet:
                 choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode("ascii")
             choices.append(choice)
             self.sampled.setdefault(tuple(prompt), []).append(tokens)
-        return httpx.Response(200, json={"choices": choices})
+            self.tokens += len(tokens)
+        response = httpx.Response(200, json={"choices": choices})
+        self.busy_s += time.perf_counter() - start
+        return response
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
