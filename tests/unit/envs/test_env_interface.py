@@ -48,7 +48,7 @@ def test_every_verifier_has_its_environment_and_tools_reach_the_template():
     assert ENVIRONMENTS["function_calling"].start(problem).first.tools == tuple(FC_TOOLS)
     unstepped = ENVIRONMENTS["math"].start(make_problem("math", "1"))
     assert score_episode(unstepped).outcome is Outcome.NO_ANSWER
-    assert set(build_environments(verifiers={})) == {"bfcl_multi_turn", "arithmetic"}
+    assert set(build_environments(verifiers={})) == {"bfcl_multi_turn", "arithmetic", "self_check"}
 
 
 def test_the_messages_of_a_start_and_a_reply_are_checked():
