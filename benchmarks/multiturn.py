@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -49,29 +48,16 @@ from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerPr
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_envs import HangingEnvironment, hanging_environments
-from megatron_apriel.testing.fake_fleet import FakeToolFleet
+from megatron_apriel.testing.fake_fleet import FakeToolFleet, calculator_policy
 from megatron_apriel.tiny.model import TinySpec, build_tokenizer
 
 GROUP_SIZE, PER_STEP = 4, 16
-_QUESTION = re.compile(r"What is (\d+) \+ (\d+) \+ (\d+)\?")
-_RESULT = re.compile(r"<\|tool\|>(.*?)<\|eos\|>")
 
 
 def sum_problems(n: int) -> list[Problem]:
     return [Problem(id=f"sum3-{i}", domain="math", prompt=[{"role": "user", "content": f"What is {i} + {i + 1} + "
                                                             f"{2 * i}? Use the calculator."}],
                     reference={"answer": 4 * i + 1}, metadata={"environment": "arithmetic"}) for i in range(n)]
-
-
-def sum_policy(context: str) -> str:
-    """Two calculator calls over two turns, then the answer."""
-    a, b, c = map(int, _QUESTION.search(context).groups())
-    results = _RESULT.findall(context)
-    if not results:
-        return f"[add(a={a}, b={b})]"
-    if len(results) == 1:
-        return f"[add(a={results[0]}, b={c})]"
-    return f"The sum is \\boxed{{{results[1]}}}."
 
 
 def tool_policy(seconds: float, context: str) -> str:
@@ -135,7 +121,7 @@ async def run_actor(root: Path, fleet, tokenizer, episodes, problems, groups: in
 
 def per_turn(tokenizer, groups: int) -> dict:
     episodes = TimedEpisodes(build_environments(EnvsConfig(calls=ToolCallConfig(isolate=False))))
-    fleet = FakeToolFleet(tokenizer, sum_policy, split_p=0.3)
+    fleet = FakeToolFleet(tokenizer, calculator_policy, split_p=0.3)
     with tempfile.TemporaryDirectory() as tmp:
         actor, elapsed = asyncio.run(run_actor(Path(tmp), fleet, tokenizer, episodes, sum_problems(50), groups,
                                                environments={"math": "arithmetic"}))

@@ -100,6 +100,23 @@ class FakeFleet:
         return httpx.MockTransport(self.handle)
 
 
+_SUM3 = re.compile(r"What is (\d+) \+ (\d+) \+ (\d+)\?")
+TOOL_RESULT = re.compile(r"<\|tool\|>(.*?)<\|eos\|>")
+"""A tool result in the tiny chat template's text."""
+
+
+def calculator_policy(context: str) -> str:
+    """``FakeToolFleet``'s model for "What is a + b + c?" in the calculator environment: two calls
+    over two turns (``add(a, b)``, then ``add(result, c)``), then the answer; three model turns."""
+    a, b, c = map(int, _SUM3.search(context).groups())
+    results = TOOL_RESULT.findall(context)
+    if not results:
+        return f"[add(a={a}, b={b})]"
+    if len(results) == 1:
+        return f"[add(a={results[0]}, b={c})]"
+    return f"The sum is \\boxed{{{results[1]}}}."
+
+
 class FakeToolFleet:
     """A fake fleet for multi-turn rollouts, with a real tokenizer: ``policy(context)`` writes the
     next assistant turn from the decoded context (special tokens kept), and the turn's ids are

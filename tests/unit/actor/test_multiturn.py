@@ -8,7 +8,6 @@ that hangs, answered with an error while the actor's event loop runs on."""
 import asyncio
 import functools
 import json
-import re
 import time
 
 import numpy as np
@@ -31,11 +30,11 @@ from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerPr
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_envs import hanging_environments
-from megatron_apriel.testing.fake_fleet import FakeToolFleet
+from megatron_apriel.testing.fake_fleet import TOOL_RESULT, FakeToolFleet, calculator_policy
 from megatron_apriel.tiny.model import TinySpec, build_tokenizer
 
-_QUESTION = re.compile(r"What is (\d+) \+ (\d+) \+ (\d+)\?")
-_RESULT = re.compile(r"<\|tool\|>(.*?)<\|eos\|>")
+sum_policy = calculator_policy
+_RESULT = TOOL_RESULT
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +47,6 @@ def sum_problems(n: int) -> list[Problem]:
                                                             f"{i * i}? Use the calculator."}],
                     reference={"answer": i + 2 * i + 1 + i * i}, metadata={"environment": "arithmetic"})
             for i in range(n)]
-
-
-def sum_policy(context: str) -> str:
-    """Two calls over two turns, then the answer: three model turns, two tool turns."""
-    a, b, c = map(int, _QUESTION.search(context).groups())
-    results = _RESULT.findall(context)
-    if not results:
-        return f"[add(a={a}, b={b})]"
-    if len(results) == 1:
-        return f"[add(a={results[0]}, b={c})]"
-    return f"The sum is \\boxed{{{results[1]}}}."
 
 
 def loop_policy(context: str) -> str:
