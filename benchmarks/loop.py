@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -66,11 +65,12 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
     from megatron_apriel.fleet.client import FleetClient
     from megatron_apriel.fleet.config import SamplingConfig
     from megatron_apriel.records.config import RolloutConfig
-    from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
+    from megatron_apriel.records.stream import StreamWriter
     from megatron_apriel.rewards import RewardConfig
     from megatron_apriel.sampling.domain_sampler import SamplerConfig
     from megatron_apriel.testing.fake_envs import InstantEnvironment
     from megatron_apriel.testing.fake_fleet import ByteTokenizer, FakeFleet
+    from megatron_apriel.testing.fake_trainer import run_until_read
     from megatron_apriel.tiny.base import addition_problems
 
     instant = InlineEpisodes({"math": InstantEnvironment()})  # every other rollout correct, no verifier cost
@@ -85,19 +85,7 @@ def actor_overhead(groups: int = 400, group_size: int = 8, routed_experts=None) 
                       client=FleetClient(["http://fake"], transport=fleet.transport()),
                       sampler=cfg.sampler.build(), order=DomainOrder(ProblemPools(addition_problems(9)), seed=0),
                       tokenizer=ByteTokenizer(), stream=StreamWriter(root), episodes=instant)
-        reader = StreamReader(root)
-        write_progress(root, TrainerProgress(step=0, filled=0, cursor=0, version=0))
-        stop = asyncio.Event()
-        task = asyncio.create_task(actor.run(stop))
-        t0 = time.perf_counter()
-        while reader.cursor < groups:
-            if reader.next_group() is None:
-                write_progress(root, TrainerProgress(step=reader.cursor // 16, filled=0, cursor=reader.cursor,
-                                                     version=0))
-                await asyncio.sleep(0.001)
-        elapsed = time.perf_counter() - t0
-        stop.set()
-        await task
+        elapsed = await run_until_read(actor, root, groups, 16)
         await actor.client.aclose()
         return elapsed, fleet.busy_s
 

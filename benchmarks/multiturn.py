@@ -44,11 +44,12 @@ from megatron_apriel.fleet.client import FleetClient
 from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.records.config import RolloutConfig
 from megatron_apriel.records.rollouts import Problem
-from megatron_apriel.records.stream import StreamReader, StreamWriter, TrainerProgress, write_progress
+from megatron_apriel.records.stream import StreamWriter
 from megatron_apriel.rewards import RewardConfig
 from megatron_apriel.sampling.domain_sampler import SamplerConfig
 from megatron_apriel.testing.fake_envs import HangingEnvironment, hanging_environments
 from megatron_apriel.testing.fake_fleet import FakeToolFleet, calculator_policy
+from megatron_apriel.testing.fake_trainer import run_until_read
 from megatron_apriel.tiny.model import TinySpec, build_tokenizer
 
 GROUP_SIZE, PER_STEP = 4, 16
@@ -102,19 +103,7 @@ async def run_actor(root: Path, fleet, tokenizer, episodes, problems, groups: in
                   client=FleetClient(["http://fake"], transport=fleet.transport()), sampler=cfg.sampler.build(),
                   order=DomainOrder(ProblemPools(problems), seed=0), tokenizer=tokenizer, stream=StreamWriter(root),
                   episodes=episodes)
-    reader = StreamReader(root)
-    write_progress(root, TrainerProgress(step=0, filled=0, cursor=0, version=0))
-    stop = asyncio.Event()
-    task = asyncio.create_task(actor.run(stop))
-    t0 = time.perf_counter()
-    while reader.cursor < groups:
-        if reader.next_group() is None:
-            write_progress(root, TrainerProgress(step=reader.cursor // PER_STEP, filled=0, cursor=reader.cursor,
-                                                 version=0))
-            await asyncio.sleep(0.001)
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    await task
+    elapsed = await run_until_read(actor, root, groups, PER_STEP)
     await actor.client.aclose()
     return actor, elapsed
 
