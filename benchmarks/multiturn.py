@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import tempfile
 import time
@@ -72,26 +73,25 @@ class TimedEpisodes(InlineEpisodes):
         super().__init__(environments)
         self.busy_s = 0.0
 
-    async def open(self, env, problem, n):
+    @contextlib.contextmanager
+    def _timed(self):
         t0 = time.perf_counter()
         try:
-            return await super().open(env, problem, n)
+            yield
         finally:
             self.busy_s += time.perf_counter() - t0
+
+    async def open(self, env, problem, n):
+        with self._timed():
+            return await super().open(env, problem, n)
 
     async def step(self, items):
-        t0 = time.perf_counter()
-        try:
+        with self._timed():
             return await super().step(items)
-        finally:
-            self.busy_s += time.perf_counter() - t0
 
     async def close(self, keys):
-        t0 = time.perf_counter()
-        try:
+        with self._timed():
             return await super().close(keys)
-        finally:
-            self.busy_s += time.perf_counter() - t0
 
 
 async def run_actor(root: Path, fleet, tokenizer, episodes, problems, groups: int, **cfg) -> tuple[Actor, float]:
