@@ -1,17 +1,20 @@
 """A real SLURM on this machine (tools/setup_slurm.sh: munge, slurmctld, two virtual nodes n1 n2 on
 127.0.0.1) for every test marked ``slurm``, and helpers to submit the shipped scripts and watch
-the jobs. Setting SLURM up needs root: the tests skip without it, and fail under CI instead."""
+the jobs. Setting SLURM up needs root: the tests skip without it, and fail under CI instead.
+The jobs run in the session's background (tests/background.py): these helpers run on its thread."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.background import STOPPING, at_end
 from tests.ci import skip_or_fail
 from tests.unit.conftest import launcher_env
 
@@ -22,20 +25,32 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slurm: submits jobs to a real local SLURM (tools/setup_slurm.sh, needs root)")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """Up for the session; stopped at its end if this session started it (a cluster that was up
-    before is left as it was)."""
-    if os.geteuid() != 0:
-        skip_or_fail(f"the SLURM tests start slurmctld/slurmd and need root, this runs as uid {os.geteuid()}")
-    script = str(REPO / "tools" / "setup_slurm.sh")
-    was_up = subprocess.run(["bash", script, "status"], capture_output=True).returncode == 0
-    proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"tools/setup_slurm.sh failed:\n{proc.stdout}\n{proc.stderr}"
-    yield True
-    if not was_up:
-        stopped = subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)
-        assert stopped.returncode == 0, f"tools/setup_slurm.sh stop failed:\n{stopped.stderr}"
+_cluster_lock = threading.Lock()
+_cluster_up = False
+
+
+def ensure_cluster() -> None:
+    """Start the cluster if this session has not (each scenario calls it first, on the background
+    thread); it is stopped after the session's last scenario if this session started it (a cluster
+    that was up before is left as it was)."""
+    global _cluster_up
+    with _cluster_lock:
+        if _cluster_up:
+            return
+        if os.geteuid() != 0:
+            skip_or_fail(f"the SLURM tests start slurmctld/slurmd and need root, this runs as uid {os.geteuid()}")
+        script = str(REPO / "tools" / "setup_slurm.sh")
+        was_up = subprocess.run(["bash", script, "status"], capture_output=True).returncode == 0
+        proc = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"tools/setup_slurm.sh failed:\n{proc.stdout}\n{proc.stderr}"
+        _cluster_up = True
+        if not was_up:
+            at_end(lambda: stop_cluster(script))
+
+
+def stop_cluster(script: str) -> None:
+    stopped = subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, f"tools/setup_slurm.sh stop failed:\n{stopped.stderr}"
 
 
 def job_env(**extra: str) -> dict:
@@ -69,6 +84,7 @@ def wait_gone(job: str, timeout_s: float, log: Path) -> float:
         if time.monotonic() - t0 > timeout_s:
             subprocess.run(["scancel", job])
             pytest.fail(f"job {job} still in the queue after {timeout_s}s; job log:\n{tail(log)}")
+        give_up_if_stopping(job)
         time.sleep(1)
     return time.monotonic() - t0
 
@@ -81,7 +97,15 @@ def wait_for(cond, timeout_s: float, what: str, job: str, log: Path) -> None:
         if time.monotonic() - t0 > timeout_s:
             subprocess.run(["scancel", job])
             pytest.fail(f"no {what} after {timeout_s}s; job log:\n{tail(log)}")
+        give_up_if_stopping(job)
         time.sleep(0.5)
+
+
+def give_up_if_stopping(job: str) -> None:
+    """The session ended before the scenario (tests/background.py): cancel its job and stop."""
+    if STOPPING.is_set():
+        subprocess.run(["scancel", job])
+        pytest.fail(f"the session ended while job {job} ran; it was cancelled")
 
 
 def tail(path: Path, lines: int = 60) -> str:

@@ -18,7 +18,10 @@ every stop signal SLURM really sends:
   of the job survives.
 
 One vLLM server and a few steps each (tests/slurm/hold_python.sh holds a step where a signal must
-land); about ten minutes on 2 CPU cores.
+land); about five minutes on 2 CPU cores. Each test's jobs are a *scenario* (``drive_*``) that runs in
+the session's background from its first test on (tests/background.py), beside the unit tests; the
+scenario collects what SLURM forgets (a job's state, 300 s after its end) and what must be seen at
+once (leftover processes), and the test asserts on those facts when pytest reaches it.
 """
 
 from __future__ import annotations
@@ -31,11 +34,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import new_run_dir
-from tests.slurm.conftest import REPO, job_env, job_field, leftovers, submit_cli, tail, wait_for, wait_gone
+from tests.slurm.conftest import (
+    REPO,
+    ensure_cluster,
+    job_env,
+    job_field,
+    leftovers,
+    submit_cli,
+    tail,
+    wait_for,
+    wait_gone,
+)
 
 pytestmark = pytest.mark.slurm
 STOP_GRACE_S = 20  # tiny_cpu's slurm.stop_grace_s, checked below against the rendered script
@@ -116,11 +130,19 @@ def attempt_log(out: str, job: str, attempt: int) -> str:
     return next(p for p in parts if f"job {job} attempt {attempt} " in p)
 
 
-def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning(slurm_cluster, tiny_base, tmp_path):
+def ended(job: str, run: Path, log: Path, **facts) -> SimpleNamespace:
+    """The facts of a job that has just left the queue, collected before they fade: its state and
+    restarts (``scontrol`` forgets them 300 s after the end), its log and its live processes."""
+    return SimpleNamespace(job=job, run=run, log=log, out=log.read_text(), state=job_field(job, "JobState"),
+                           restarts=job_field(job, "Restarts"), leftovers=leftovers(run, job), **facts)
+
+
+def drive_hetjob(tmp_path: Path, tiny_base: Path) -> SimpleNamespace:
     """Attempt 0 is stopped in its prepare step (scancel's USR1), attempt 1 by SLURM's own time-limit
     warning after its first step (every trainer rank holds there until the warning reaches it:
     ``step.arm``, so the minute-granular limit needs no long run to land inside), attempt 2
     resumes at step 1 and finishes."""
+    ensure_cluster()
     run, steps = new_run_dir(tmp_path, tiny_base), 3
     hold_dir, env = holds(tmp_path, "prepare", "step")
     proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", f"trainer.steps={steps}", "slurm.time=00:10:00",
@@ -128,9 +150,6 @@ def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning
     assert proc.returncode == 0, proc.stderr
     job = submitted_job(proc.stdout)
     log = run / "slurm" / f"apriel-{job}.out"
-    assert str(log) in proc.stdout and "heterogeneous job" in proc.stdout
-    script = next((run / "slurm").glob("train.*.sbatch")).read_text()
-    assert f"APRIEL_STOP_GRACE_S={STOP_GRACE_S}" in script and "#SBATCH --signal=B:USR1@60" in script
 
     # attempt 0: the warning reaches the batch shell while its prepare step runs
     wait_for(lambda: (hold_dir / "prepare.held").exists(), 300, "the prepare step", job, log)
@@ -144,11 +163,19 @@ def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning
     subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(run_seconds(job) + 65) // 60)}"], check=True)
     start_when_requeued(job, log, time_limit_min=10)
     wait_gone(job, 900, log)
+    return ended(job, run, log, steps=steps, submitted=proc.stdout,
+                 script=next((run / "slurm").glob("train.*.sbatch")).read_text())
 
-    out = log.read_text()
-    assert job_field(job, "JobState") == "COMPLETED", tail(log)
-    assert job_field(job, "Restarts") == "2", tail(log)
-    first, second, third = (attempt_log(out, job, a) for a in range(3))
+
+@pytest.mark.background(scenario=drive_hetjob)
+def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning(background):
+    job = background()
+    run, steps = job.run, job.steps
+    assert str(job.log) in job.submitted and "heterogeneous job" in job.submitted
+    assert f"APRIEL_STOP_GRACE_S={STOP_GRACE_S}" in job.script and "#SBATCH --signal=B:USR1@60" in job.script
+    assert job.state == "COMPLETED", tail(job.log)
+    assert job.restarts == "2", tail(job.log)
+    first, second, third = (attempt_log(job.out, job.job, a) for a in range(3))
     assert "not starting them" in first and "started trainer" not in first
     assert "stop signal (SIGUSR1): the trainer finishes its step" in second and "requeueing job" in second
     assert "done:" in third
@@ -160,10 +187,14 @@ def test_hetjob_requeues_on_usr1_during_prepare_and_on_slurms_time_limit_warning
     saved = json.loads((run / "checkpoints" / f"step_{k:08d}" / "state.json").read_text())
     assert saved["source"]["cursor"] == rows[k - 1]["rollout/cursor"]  # resumed where the stop left off
     assert_loop_outputs(run, steps)
-    assert leftovers(run, job) == []
+    assert job.leftovers == []
 
 
-def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, tiny_base, tmp_path):
+def drive_plain_job(tmp_path: Path, tiny_base: Path) -> SimpleNamespace:
+    """Job 1 is cancelled (plain scancel) while the trainer's checkpoint writers run; job 2, the same
+    script submitted again, resumes and completes; then slurm/convert.sbatch converts its final
+    checkpoint. What job 1 left is read before job 2 starts."""
+    ensure_cluster()
     run, steps = new_run_dir(tmp_path, tiny_base), 3
     hold_dir, hold_env = holds(tmp_path, "save")
     env = job_env(APRIEL_PYTHON=str(HOLD_PYTHON), APRIEL_CONFIG="tiny_cpu",
@@ -185,40 +216,21 @@ def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(slurm_cluster, 
     wait_for(lambda: (hold_dir / "save.held").exists(), 600, "the trainer's first save", job, log)
     subprocess.run(["scancel", job], check=True)  # SIGTERM to the batch shell and every process of every step
     wait_gone(job, 120, log)
-    out = log.read_text()
-    assert job_field(job, "JobState") == "CANCELLED", tail(log)
-    # the batch shell waits for the trainer; whether it lives to log "the trainer exited" is a race
-    # against KillWait (10 s here), when SLURM SIGKILLs it: under load the save plus the ranks' exit
-    # took longer. What matters, the trainer's save, is checked below.
-    assert "waiting for the trainer to save" in out, tail(log)
-    trainer_log = (run / "logs" / "trainer.log").read_text()
-    assert "stop request (SIGTERM) before step 2: saved step 2 and stopping" in trainer_log, trainer_log[-3000:]
     ckpts = run / "checkpoints"
-    assert (ckpts / "latest").read_text().strip() == "step_00000002" and not list(ckpts.glob("*.tmp"))
-    assert (ckpts / "step_00000002" / "state.json").is_file()
-    assert leftovers(run, job) == []
+    cancelled = ended(job, run, log, trainer_log=(run / "logs" / "trainer.log").read_text(),
+                      latest=(ckpts / "latest").read_text().strip(), tmp_dirs=list(ckpts.glob("*.tmp")),
+                      saved_state=(ckpts / "step_00000002" / "state.json").is_file())
 
     log = run / "job2.out"
     job = submit(log)
     wait_gone(job, 900, log)
-    out = log.read_text()
-    assert job_field(job, "JobState") == "COMPLETED", tail(log)
-    assert re.search(r"\(plain\): trainer on n1 .* fleet on n2", out), out[:2000]
-    # the job log says how long the fleet took to stop once the trainer had exited (not bounded here:
-    # a figure to read, as the local launcher's "stopped actor, server_0 in ...")
-    assert re.search(r"stopped actor servers in \d+\.\ds", out), tail(log)
-    assert "resumed from" in (run / "logs" / "trainer.log").read_text()[len(trainer_log):]
-    assert_each_step_once(run, steps)
-    assert_loop_outputs(run, steps)
-    assert leftovers(run, job) == []
-    assert_convert_job_matches_the_export(run, steps)
+    resumed = ended(job, run, log, trainer_log=(run / "logs" / "trainer.log").read_text())
+    return SimpleNamespace(run=run, steps=steps, cancelled=cancelled, resumed=resumed,
+                           convert=convert_final_checkpoint(run, steps))
 
 
-def assert_convert_job_matches_the_export(run: Path, steps: int) -> None:
-    """slurm/convert.sbatch on the final checkpoint gives the tensors of the job's own HF export."""
-    import torch
-    from safetensors.torch import load_file
-
+def convert_final_checkpoint(run: Path, steps: int) -> SimpleNamespace:
+    """slurm/convert.sbatch on the run's final checkpoint (Megatron -> HF), into ``run/../converted``."""
     out, log = run.parent / "converted", run.parent / "convert.out"
     env = job_env(APRIEL_PYTHON=sys.executable, APRIEL_CONVERT="mcore-to-hf", APRIEL_OUT=str(out),
                   APRIEL_SRC=str(run / "checkpoints" / f"step_{steps:08d}" / "dist"),
@@ -228,25 +240,53 @@ def assert_convert_job_matches_the_export(run: Path, steps: int) -> None:
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
     wait_gone(job, 300, log)
-    assert job_field(job, "JobState") == "COMPLETED", tail(log)
-    ours = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(f).items()}
+    return SimpleNamespace(out=out, log=log, state=job_field(job, "JobState"))
+
+
+@pytest.mark.background(scenario=drive_plain_job)
+def test_plain_job_by_hand_survives_scancel_mid_save_and_resumes(background):
+    facts = background()
+    run, steps, first, second = facts.run, facts.steps, facts.cancelled, facts.resumed
+    assert first.state == "CANCELLED", tail(first.log)
+    # the batch shell waits for the trainer; whether it lives to log "the trainer exited" is a race
+    # against KillWait (10 s here), when SLURM SIGKILLs it: under load the save plus the ranks' exit
+    # took longer. What matters, the trainer's save, is checked below.
+    assert "waiting for the trainer to save" in first.out, tail(first.log)
+    assert "stop request (SIGTERM) before step 2: saved step 2 and stopping" in first.trainer_log, \
+        first.trainer_log[-3000:]
+    assert first.latest == "step_00000002" and first.tmp_dirs == [] and first.saved_state
+    assert first.leftovers == []
+
+    assert second.state == "COMPLETED", tail(second.log)
+    assert re.search(r"\(plain\): trainer on n1 .* fleet on n2", second.out), second.out[:2000]
+    # the job log says how long the fleet took to stop once the trainer had exited (not bounded here:
+    # a figure to read, as the local launcher's "stopped actor, server_0 in ...")
+    assert re.search(r"stopped actor servers in \d+\.\ds", second.out), tail(second.log)
+    assert "resumed from" in second.trainer_log[len(first.trainer_log):]
+    assert_each_step_once(run, steps)
+    assert_loop_outputs(run, steps)
+    assert second.leftovers == []
+    assert_converted_matches_the_export(facts.convert, run)
+
+
+def assert_converted_matches_the_export(convert: SimpleNamespace, run: Path) -> None:
+    """slurm/convert.sbatch on the final checkpoint gives the tensors of the job's own HF export."""
+    import torch
+    from safetensors.torch import load_file
+
+    assert convert.state == "COMPLETED", tail(convert.log)
+    ours = {k: v for f in sorted(convert.out.glob("*.safetensors")) for k, v in load_file(f).items()}
     export = {k: v for f in sorted((run / "hf").glob("*.safetensors")) for k, v in load_file(f).items()}
     assert ours.keys() == export.keys() and all(torch.equal(ours[k], export[k]) for k in ours)
 
 
-def test_one_node_job_hands_out_the_gpus_and_a_killed_server_ends_it(slurm_cluster, tiny_base, tmp_path):
-    """The trainer and the fleet share one node whose 4 GPUs SLURM schedules (fake GRES,
-    tools/setup_slurm.sh): the server takes GPU 0 and the trainer's ranks 1,2 (launch.gpus_per_node's
-    split, as the local launch makes it). After the first step the vLLM server is SIGKILLed, as the
-    OOM killer would: the job ends (FAILED) within a bound, showing the server's log, and the
-    trainer saves its last step within its grace. (Requeue and resume are the hetjob test's: the
-    same train.sbatch code for every layout.)"""
+def drive_one_node_job(tmp_path: Path, tiny_base: Path) -> SimpleNamespace:
+    """The one-node job, its vLLM server SIGKILLed after the first step; how long the job took to end."""
+    ensure_cluster()
     run = new_run_dir(tmp_path, tiny_base)
     proc = submit_cli(["--config-name", "tiny_cpu", f"run_dir={run}", "trainer.steps=50",
                        "launch.gpus_per_node=4", "slurm.gpus_per_node=4", "slurm.servers_per_node=0"], job_env())
     assert proc.returncode == 0, proc.stderr
-    assert ("one-node plain job: 2 trainer rank(s) and 1 vLLM server(s) sharing its 4 GPUs (servers on GPUs 0, "
-            "trainer on 1,2, idle 3)") in proc.stdout
     job = submitted_job(proc.stdout)
     log = run / "slurm" / f"apriel-{job}.out"
     wait_for(lambda: len(metrics(run)) >= 1, 600, "first step", job, log)
@@ -254,9 +294,21 @@ def test_one_node_job_hands_out_the_gpus_and_a_killed_server_ends_it(slurm_clust
     os.kill(reg["pid"], signal.SIGKILL)
     t0 = time.monotonic()
     wait_gone(job, 300, log)
-    took = time.monotonic() - t0
+    return ended(job, run, log, took=time.monotonic() - t0, submitted=proc.stdout)
 
-    out = log.read_text()
+
+@pytest.mark.background(scenario=drive_one_node_job)
+def test_one_node_job_hands_out_the_gpus_and_a_killed_server_ends_it(background):
+    """The trainer and the fleet share one node whose 4 GPUs SLURM schedules (fake GRES,
+    tools/setup_slurm.sh): the server takes GPU 0 and the trainer's ranks 1,2 (launch.gpus_per_node's
+    split, as the local launch makes it). After the first step the vLLM server is SIGKILLed, as the
+    OOM killer would: the job ends (FAILED) within a bound, showing the server's log, and the
+    trainer saves its last step within its grace. (Requeue and resume are the hetjob test's: the
+    same train.sbatch code for every layout.)"""
+    job = background()
+    run, out = job.run, job.out
+    assert ("one-node plain job: 2 trainer rank(s) and 1 vLLM server(s) sharing its 4 GPUs (servers on GPUs 0, "
+            "trainer on 1,2, idle 3)") in job.submitted
     assert re.search(r"\(one node\): trainer on (n\d) .* fleet on \1 ", out), out[:2000]
     logs = run / "logs"
     assert "servers 0, trainer 1,2, idle 3" in (logs / "prepare.log").read_text()  # SLURM's CUDA_VISIBLE_DEVICES
@@ -265,12 +317,12 @@ def test_one_node_job_hands_out_the_gpus_and_a_killed_server_ends_it(slurm_clust
     trainer_log = (logs / "trainer.log").read_text()
     assert re.findall(r"the trainer's ranks on GPUs (\S+)", trainer_log) == ["1,2"]
 
-    assert took < BOUND_S, f"the job took {took:.0f}s to end after the server died (bound {BOUND_S}s):\n{tail(log)}"
-    assert "component servers exited with code" in out and "job failed" in out, tail(log)
+    assert job.took < BOUND_S, f"the job took {job.took:.0f}s to end after the server died (bound {BOUND_S}s):\n{out}"
+    assert "component servers exited with code" in out and "job failed" in out, tail(job.log)
     assert str(logs / "server_0.log") in out  # its log's tail is shown
-    assert "still running after" not in out, tail(log)  # the trainer stopped within its grace
+    assert "still running after" not in out, tail(job.log)  # the trainer stopped within its grace
     trained = len(metrics(run))
     assert "stop request (SIGTERM)" in trainer_log
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{trained:08d}"  # its last step, saved
-    assert job_field(job, "JobState") == "FAILED"
-    assert leftovers(run, job) == []
+    assert job.state == "FAILED"
+    assert job.leftovers == []
