@@ -39,17 +39,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 from typing import Callable, Optional
 
 from megatron_apriel.actor.config import ActorConfig
-from megatron_apriel.actor.episodes import Answer, EpisodesLost
+from megatron_apriel.actor.episodes import EpisodesLost
 from megatron_apriel.actor.grouping import build_group
 from megatron_apriel.actor.trajectory import ChatTokens, Trajectory
+from megatron_apriel.actor.turns import Turns
 from megatron_apriel.data.order import DomainOrder
-from megatron_apriel.envs.base import Reply, Start
+from megatron_apriel.envs.base import Start
 from megatron_apriel.fleet.client import FleetClient, FleetUnavailable
 from megatron_apriel.fleet.config import SamplingConfig
 from megatron_apriel.records.config import RolloutConfig
@@ -81,8 +81,8 @@ class Actor:
         self.client, self.sampler, self.order, self.tokenizer = client, sampler, order, tokenizer
         self.stream, self.episodes, self.metrics, self.members = stream, episodes, metrics, members
         self.chat = ChatTokens(tokenizer)
-        self.budget = cfg.max_trajectory_tokens or sampling.max_tokens
-        """Completion tokens of one trajectory (``actor.max_trajectory_tokens``, else one turn's)."""
+        self.turns = Turns(client, self.chat, episodes, max_turns=cfg.max_turns,
+                           budget=cfg.max_trajectory_tokens or sampling.max_tokens)
         self._instances: dict[str, str] = {}
         self._regenerate: list[PendingGroup] = []
         self._usable_written: collections.deque[int] = collections.deque()
@@ -150,13 +150,14 @@ class Actor:
             self.episodes.discard(keys)
             return None
         submitted, t0 = time.time(), time.monotonic()
-        completions = await self.client.generate(prompt, self._sampling(0), n=self.rollout.group_size)
+        completions = await self.client.generate(prompt, self.turns.sampling(self.sampling, 0),
+                                                 n=self.rollout.group_size)
         t1 = time.monotonic()
         trajectories = [Trajectory.single(c, len(prompt)) for c in completions]
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         answers = await self.episodes.step(list(zip(keys, texts)))  # the first turns, one call
         t2 = time.monotonic()
-        results = await asyncio.gather(*(self._rollout(key, t, prompt, start, text, answer)
+        results = await asyncio.gather(*(self.turns.rest(key, t, prompt, start, text, answer, self.sampling)
                                          for key, t, text, answer in zip(keys, trajectories, texts, answers)))
         for r in results:
             if r.outcome is Outcome.VERIFIER_ERROR:
@@ -168,41 +169,6 @@ class Actor:
                                verify_s=t2 - t1)
         return build_group(problem=problem, prompt_ids=prompt, completions=trajectories, results=results,
                            rewards=self.rewards, admitted_version=pending.admitted_version, timings=timings)
-
-    def _sampling(self, used: int) -> SamplingConfig:
-        """One turn's request: at most what is left of the trajectory's token budget."""
-        left = self.budget - used
-        if left >= self.sampling.max_tokens:
-            return self.sampling
-        return dataclasses.replace(self.sampling, max_tokens=left)
-
-    async def _rollout(self, key: str, t: Trajectory, prompt: list[int], start: Start, text: str, answer: Answer):
-        """The turns after the first, until the episode ends or a limit stops it (truncated);
-        returns the episode's score."""
-        history = list(start.messages)
-        while not answer.reply.done:
-            reply: Reply = answer.reply
-            last = t.last_ids
-            if not last or t.finish_reason == "length":  # an empty turn, or one cut at the length limit
-                t.truncated = True
-                break
-            if len(t.turns) >= self.cfg.max_turns:
-                t.truncated = True
-                break
-            between = self.chat.between(history, start.tools, reply.messages, last)
-            if len(t.ids) + len(between) + 1 > self.budget:
-                t.truncated = True
-                break
-            history += [{"role": "assistant", "content": text}, *reply.messages]
-            t.add_environment(between)
-            completion = (await self.client.generate(prompt + t.ids, self._sampling(len(t.ids)), n=1))[0]
-            t.add_turn(completion)
-            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            answer = (await self.episodes.step([(key, text)]))[0]
-        t.finish()
-        if answer.reply.done:
-            return answer.result
-        return (await self.episodes.close([key]))[0]
 
     def _start(self, pending: PendingGroup) -> None:
         self.tasks[asyncio.create_task(self._group(pending))] = pending
