@@ -5,6 +5,7 @@
         --bench mmlu_pro:mmlu_pro:/data/mmlu_pro_test.parquet \\
         --bench lcb_v5:livecodebench:/data/lcb/test4.jsonl,/data/lcb/test5.jsonl \\
         --num-servers 8 --gpus-per-server 1 --vllm-args "--max-model-len 40960"
+    apriel-eval run ... --bench bfcl_base:bfcl_multi_turn:$BFCL/BFCL_v4_multi_turn_base.json  # episodes
     apriel-eval run --checkpoint runs/x/checkpoints/step_00000250 ...   # Megatron checkpoint: converted first
     apriel-eval run --checkpoint HF_DIR --servers http://node7:8000 ... # servers already running HF_DIR
     apriel-eval plot evals/base evals/step250 --labels base rl --out evals/plots
@@ -20,7 +21,9 @@ stopped and reports the same numbers), ``report.json`` / ``report.md`` (after ea
 and writes ``EVAL/steps/<offline|judge-MODEL>/report.{json,md}`` beside each; ``--compare A B``
 also prints base A against trained B and draws ``steps_<benchmark>.png`` (docs/evaluation.md).
 Defaults follow RECIPE.md section 8: temperature 1.0, top_p 0.95, 32768 output tokens, samples
-per problem by format (AIME 16, GPQA 8, MMLU-Pro 1, LiveCodeBench 4; ``--n`` / ``--n-for``).
+per problem by format (AIME 16, GPQA 8, MMLU-Pro 1, LiveCodeBench 4, BFCL multi-turn 1; ``--n`` /
+``--n-for``). A multi-turn benchmark's sample is an episode of its environment (BFCL's tools, the
+official checker's verdict), limited by ``--max-turns`` and ``--max-trajectory-tokens``.
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ def _run_parser(sub) -> None:
                    help="LiveCodeBench window start: start <= contest_date, at 00:00, as its runner ('' = any)")
     p.add_argument("--lcb-end", default="2025-02-01",
                    help="LiveCodeBench window end: contest_date <= end, at 00:00, as its runner ('' = any)")
-    p.add_argument("--max-in-flight", type=int, default=64, help="requests in flight")
+    p.add_argument("--max-turns", type=int, default=100,
+                   help="multi-turn benchmarks (bfcl_multi_turn): model turns of one episode (a stopped one fails)")
+    p.add_argument("--max-trajectory-tokens", type=int, default=0,
+                   help="multi-turn benchmarks: ids of one episode after its prompt (0: --max-tokens)")
+    p.add_argument("--max-in-flight", type=int, default=64, help="requests in flight (multi-turn: episodes)")
     p.add_argument("--verifier-workers", type=int, default=2, help="verifier processes")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -127,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def specs_from_args(args: argparse.Namespace) -> list[BenchmarkSpec]:
-    options = FormatOptions(gpqa_seed=args.gpqa_seed, lcb_start=args.lcb_start, lcb_end=args.lcb_end)
+    options = FormatOptions(gpqa_seed=args.gpqa_seed, lcb_start=args.lcb_start, lcb_end=args.lcb_end,
+                            max_turns=args.max_turns, max_trajectory_tokens=args.max_trajectory_tokens)
     specs = [BenchmarkSpec.parse(text, options) for text in args.bench]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -221,13 +229,20 @@ async def _evaluate(args, cfg, specs, problems, tokenizer_dir: Path, urls: list[
     tokenizer = load_tokenizer(tokenizer_dir)
     client = FleetClient(urls, max_attempts=4, cooldown_s=2.0)
     pool = make_verifier_pool(cfg.verifier_workers)
+    episodes = None
+    if any(s.environment for s in specs):  # multi-turn benchmarks: episodes in their own workers
+        from megatron_apriel.actor.episodes import EpisodeWorkers
+
+        episodes = EpisodeWorkers(cfg.verifier_workers)
     label = args.label or Path(args.checkpoint).resolve().name
     try:
         return await run_benchmarks(specs, problems, client, tokenizer, pool, cfg, args.out, label,
-                                    Path(args.checkpoint), progress=not args.no_progress)
+                                    Path(args.checkpoint), progress=not args.no_progress, episodes=episodes)
     finally:
         await client.aclose()
         pool.shutdown(cancel_futures=True)
+        if episodes is not None:
+            episodes.shutdown()
 
 
 def _steps_config(args: argparse.Namespace):

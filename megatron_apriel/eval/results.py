@@ -22,7 +22,8 @@ from pydantic import Field, ValidationError
 from megatron_apriel.records.base import Record
 from megatron_apriel.records.rollouts import Outcome, TokenIds
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: ``turns`` (multi-turn samples); version 1 files read as one turn each."""
 
 
 class SampleRecord(Record):
@@ -30,6 +31,7 @@ class SampleRecord(Record):
 
     VERSION_FIELD: ClassVar[str] = "schema_version"
     VERSION: ClassVar[int] = SCHEMA_VERSION
+    READS: ClassVar[tuple[int, ...]] = (1,)
     MISMATCH: ClassVar[str] = "evaluate again into a new output directory, or read it with the version that wrote it."
     kind: Literal["eval_sample"] = "eval_sample"
     schema_version: int = SCHEMA_VERSION
@@ -41,10 +43,15 @@ class SampleRecord(Record):
     """The vLLM sampling seed of this sample."""
     prompt_tokens: int = Field(ge=1)
     completion_ids: TokenIds
-    """Every generated token id (what budget truncation cuts)."""
+    """Every generated token id (what budget truncation cuts); a multi-turn sample's ids after its
+    prompt: its model turns as sampled, with the environment's template ids between them."""
     finish_reason: str
+    """A multi-turn sample stopped by a limit (turns, tokens, a turn cut at its length) has "length"."""
     text: str
-    """The decoded completion the verifier scored (special tokens skipped, as the actor decodes)."""
+    """The decoded completion the verifier scored (special tokens skipped, as the actor decodes); a
+    multi-turn sample's whole trajectory, decoded once for reading (its episode scored each turn)."""
+    turns: int = Field(default=1, ge=1)
+    """Model turns."""
     outcome: Outcome
     success: bool
     score: float = Field(ge=0.0, le=1.0)

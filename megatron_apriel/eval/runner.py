@@ -4,6 +4,10 @@ Each (problem, sample index) is one request of n=1 to the fleet with its own vLL
 (`sample_seed`), so a sample is the same whether it is drawn in the first run or after a resume,
 whichever other requests share its batch. Each finished sample is scored in the verifier pool
 and appended to the benchmark's `ResultsFile` at once; samples already there are not redone.
+
+A multi-turn benchmark's sample (``BenchmarkRun.turns`` set) is an episode of its environment,
+run as the actor runs a rollout (``actor/turns.py``: token in, token out, each turn a request of
+n=1 with the sample's seed), in the episode workers; its score is the episode's.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from megatron_apriel.actor.trajectory import Trajectory
+from megatron_apriel.actor.turns import Turns
 from megatron_apriel.data.prompts import render_prompt
 from megatron_apriel.eval.metrics import truncate_at_budget
 from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile, SampleRecord
@@ -89,6 +95,10 @@ class BenchmarkRun:
     cfg: EvalConfig
     on_sample: Callable[[SampleRecord], None] = field(default=lambda record: None)
     """Called after each new sample is written (the progress bar)."""
+    turns: Optional[Turns] = None
+    """A multi-turn benchmark's turn loop (its episodes' host inside); None: single-turn samples."""
+    environment: str = ""
+    """The environment of a multi-turn benchmark's episodes."""
 
 
 async def _score_and_write(run: BenchmarkRun, problem: Problem, prompt: list[int], index: int, seed: int,
@@ -100,9 +110,7 @@ async def _score_and_write(run: BenchmarkRun, problem: Problem, prompt: list[int
                           completion_ids=completion.token_ids, finish_reason=completion.finish_reason, text=text,
                           outcome=result.outcome, success=result.success, score=result.score,
                           detail=result.detail[:500])
-    run.results.append(record)
-    run.on_sample(record)
-    return record
+    return _write(run, record)
 
 
 async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: int, gate: asyncio.Semaphore,
@@ -110,6 +118,8 @@ async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: in
     seed = sample_seed(run.cfg.seed, problem.id, index)
     async with gate:
         try:
+            if run.turns is not None:
+                return _write(run, await _episode(run, problem, index, seed))
             (completion,) = await run.client.generate(prompt, run.cfg.sample_sampling(seed), n=1)
         except ValueError as err:
             raise ValueError(f"benchmark {run.name}, problem {problem.id}: {err} (a prompt plus --max-tokens must fit "
@@ -118,6 +128,33 @@ async def _one(run: BenchmarkRun, problem: Problem, prompt: list[int], index: in
     write = asyncio.ensure_future(_score_and_write(run, problem, prompt, index, seed, completion))
     writes.append(write)
     return await asyncio.shield(write)
+
+
+async def _episode(run: BenchmarkRun, problem: Problem, index: int, seed: int) -> SampleRecord:
+    """One sample of a multi-turn benchmark: an episode from its first turn to its score."""
+    turns, sampling = run.turns, run.cfg.sample_sampling(seed)
+    (key,), start = await turns.episodes.open(run.environment, problem, 1)
+    try:
+        prompt = turns.chat.prompt(start.messages, start.tools)
+        (first,) = await run.client.generate(prompt, turns.sampling(sampling, 0), n=1)
+        t = Trajectory.single(first, len(prompt))
+        text = run.tokenizer.decode(first.token_ids, skip_special_tokens=True)
+        (answer,) = await turns.episodes.step([(key, text)])
+        result = await turns.rest(key, t, prompt, start, text, answer, sampling)
+    except BaseException:
+        turns.episodes.discard([key])
+        raise
+    return SampleRecord(benchmark=run.name, problem_id=problem.id, sample=index, seed=seed, prompt_tokens=len(prompt),
+                        completion_ids=t.ids, finish_reason="length" if t.truncated else t.finish_reason,
+                        text=run.tokenizer.decode(t.ids, skip_special_tokens=True), turns=max(len(t.turns), 1),
+                        outcome=result.outcome, success=result.success, score=result.score,
+                        detail=result.detail[:500])
+
+
+def _write(run: BenchmarkRun, record: SampleRecord) -> SampleRecord:
+    run.results.append(record)
+    run.on_sample(record)
+    return record
 
 
 async def evaluate_benchmark(run: BenchmarkRun, done: dict[tuple[str, int], SampleRecord]
@@ -129,10 +166,11 @@ async def evaluate_benchmark(run: BenchmarkRun, done: dict[tuple[str, int], Samp
     todo = [(p, i) for p in run.problems for i in range(run.samples) if (p.id, i) not in done]
     if not todo:
         return done
-    prompts = {p.id: render_prompt(run.tokenizer, p) for p in {p.id: p for p, _ in todo}.values()}
+    prompts = {} if run.turns is not None else {  # an episode renders its own start
+        p.id: render_prompt(run.tokenizer, p) for p in {p.id: p for p, _ in todo}.values()}
     gate = asyncio.Semaphore(run.cfg.max_in_flight)
     writes: list[asyncio.Task] = []
-    tasks = [asyncio.create_task(_one(run, p, prompts[p.id], i, gate, writes)) for p, i in todo]
+    tasks = [asyncio.create_task(_one(run, p, prompts.get(p.id, []), i, gate, writes)) for p, i in todo]
     try:
         for record in await asyncio.gather(*tasks):
             done[record.key] = record

@@ -14,6 +14,8 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Sequence
 
+from megatron_apriel.actor.trajectory import ChatTokens
+from megatron_apriel.actor.turns import Turns
 from megatron_apriel.eval.benchmarks import BenchmarkSpec
 from megatron_apriel.eval.report import REPORT_KIND, write_report
 from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile
@@ -50,6 +52,17 @@ def check_manifest(out: Path, checkpoint: Path, cfg: EvalConfig, specs: Sequence
     return wanted
 
 
+def _multi_turn(spec: BenchmarkSpec, client: FleetClient, tokenizer, cfg: EvalConfig, episodes) -> dict:
+    """``BenchmarkRun``'s multi-turn fields for ``spec`` (none for a single-turn benchmark)."""
+    if spec.environment is None:
+        return {}
+    if episodes is None:
+        raise ValueError(f"benchmark {spec.name} ({spec.format}) runs episodes: give run_benchmarks an episode host.")
+    budget = spec.options.max_trajectory_tokens or cfg.sampling.max_tokens
+    turns = Turns(client, ChatTokens(tokenizer), episodes, max_turns=spec.options.max_turns, budget=budget)
+    return {"turns": turns, "environment": spec.environment}
+
+
 def _progress_bar(name: str, total: int, done: int, enabled: bool):
     from tqdm import tqdm
 
@@ -58,9 +71,12 @@ def _progress_bar(name: str, total: int, done: int, enabled: bool):
 
 async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, list[Problem]], client: FleetClient,
                          tokenizer, pool: Executor, cfg: EvalConfig, out: Path, label: str, checkpoint: Path,
-                         progress: bool = True) -> dict:
+                         progress: bool = True, episodes=None) -> dict:
     """Evaluate each benchmark in turn; the report is rewritten after each one (a later failure
-    keeps the earlier benchmarks' reports as well as every written sample)."""
+    keeps the earlier benchmarks' reports as well as every written sample). ``episodes`` hosts the
+    episodes of multi-turn benchmarks (``actor.episodes.EpisodeWorkers``); their samples are
+    scored by their episodes, at the sampling's own budget only (a cut trajectory is not a
+    trajectory the episode saw)."""
     report = {"kind": REPORT_KIND, "schema_version": 1, "label": label, "checkpoint": str(checkpoint),
               "sampling": cfg.identity(), "benchmarks": {}, "timing": {}}
     for spec in specs:
@@ -68,8 +84,9 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
         done = results.load()
         already = sum(1 for k in done if k[1] < spec.samples)
         bar = _progress_bar(spec.name, len(problems[spec.name]) * spec.samples, already, progress)
+        multi_turn = _multi_turn(spec, client, tokenizer, cfg, episodes)
         run = BenchmarkRun(spec.name, problems[spec.name], spec.samples, results, client, tokenizer, pool, cfg,
-                           on_sample=lambda record: bar.update(1))
+                           on_sample=lambda record: bar.update(1), **multi_turn)
         start = time.monotonic()
         try:
             records = await evaluate_benchmark(run, done)
@@ -78,8 +95,10 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
         wall = time.monotonic() - start
         ordered = ordered_records(run.problems, records, spec.samples)
         by_id = {p.id: p for p in run.problems}
-        verdicts = BudgetVerdicts(out / "rescored" / f"{spec.name}.jsonl")
-        budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets, verdicts)
+        budgets = None
+        if spec.environment is None:
+            verdicts = BudgetVerdicts(out / "rescored" / f"{spec.name}.jsonl")
+            budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets, verdicts)
         summary = summarise(run.problems, ordered, spec.samples, budgets)
         report["benchmarks"][spec.name] = {"format": spec.format, "path": spec.source, **summary}
         report["timing"][spec.name] = {"wall_s": wall, "new_samples": len(ordered) - already}

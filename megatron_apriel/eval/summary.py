@@ -46,6 +46,8 @@ def summarise(problems: Sequence[Problem], ordered: Sequence[SampleRecord], samp
     out["mean_output_tokens"] = math.fsum(lengths) / len(lengths)
     out["median_output_tokens"] = statistics.median(lengths)
     out["truncated_share"] = sum(r.truncated for r in ordered) / len(ordered)
+    if any(r.turns > 1 for r in ordered):
+        out["mean_turns"] = math.fsum(r.turns for r in ordered) / len(ordered)
     out["outcomes"] = dict(sorted(Counter(r.outcome.value for r in ordered).items()))
     out["verifier_errors"] = out["outcomes"].get("verifier_error", 0)
     if budget_success:

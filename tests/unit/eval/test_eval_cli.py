@@ -3,6 +3,7 @@
 import pytest
 
 from megatron_apriel.entrypoints.eval import main
+from megatron_apriel.eval.benchmarks import FORMATS
 from tests.eval_fixtures import write_aime
 
 
@@ -20,7 +21,7 @@ def aime(tmp_path):
 
 def test_unknown_format(tmp_path, aime, capsys):
     err = run(capsys, "--checkpoint", str(tmp_path), "--out", str(tmp_path / "out"), "--bench", f"a:aime2025:{aime}")
-    assert "unknown format 'aime2025'; use one of ('aime', 'gpqa', 'mmlu_pro', 'livecodebench', 'problems')" in err
+    assert f"unknown format 'aime2025'; use one of {FORMATS}" in err and "bfcl_multi_turn" in err
     assert not (tmp_path / "out").exists()
 
 
