@@ -6,7 +6,9 @@
      "sampling": {temperature, top_p, max_tokens, stop, seed},
      "benchmarks": {NAME: {format, path, problems, samples_per_problem, samples, pass@1, ci95: [lo, hi],
                            pass@k: {k: ...}, mean_output_tokens, median_output_tokens, truncated_share,
-                           outcomes: {...}, verifier_errors, pass@1_at_budget: {budget: ...}}},
+                           outcomes: {...}, verifier_errors, pass@1_at_budget: {budget: ...},
+                           mean_turns (multi-turn)}},
+     "bfcl_multi_turn": {categories: {category: accuracy}, overall, complete},   # with BFCL multi-turn
      "timing": {NAME: {wall_s, new_samples}}}
 
 Everything but ``timing`` is a function of the saved samples: a resumed evaluation writes the
@@ -41,12 +43,22 @@ def table_rows(report: dict) -> list[list[str]]:
     return rows
 
 
+def bfcl_line(report: dict) -> str:
+    """BFCL's multi-turn overall figure and its categories, or "" without BFCL multi-turn."""
+    b = report.get("bfcl_multi_turn")
+    if not b:
+        return ""
+    parts = ", ".join(f"{c.removeprefix('multi_turn_')} {_pct(v)}" for c, v in b["categories"].items())
+    missing = "" if b["complete"] else " (categories not evaluated count 0, as BFCL's leaderboard)"
+    return f"BFCL v4 multi-turn overall {_pct(b['overall'])}%: {parts}{missing}"
+
+
 def console_table(report: dict) -> str:
     rows = [list(COLUMNS)] + table_rows(report)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(filter(None, [*lines, bfcl_line(report)]))
 
 
 def markdown(report: dict) -> str:
@@ -56,7 +68,8 @@ def markdown(report: dict) -> str:
             "pass@1 is the mean over the n samples of each problem, in %, with its 95% confidence interval over "
             "problems.\n\n")
     rows = [list(COLUMNS), ["---"] * len(COLUMNS)] + table_rows(report)
-    return head + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n"
+    bfcl = bfcl_line(report)
+    return head + "\n".join("| " + " | ".join(r) + " |" for r in rows) + "\n" + (f"\n{bfcl}\n" if bfcl else "")
 
 
 def write_report(out_dir: Path, report: dict) -> None:

@@ -20,7 +20,7 @@ from megatron_apriel.eval.benchmarks import BenchmarkSpec
 from megatron_apriel.eval.report import REPORT_KIND, write_report
 from megatron_apriel.eval.results import BudgetVerdicts, ResultsFile
 from megatron_apriel.eval.runner import BenchmarkRun, EvalConfig, evaluate_benchmark, rescore_at_budgets
-from megatron_apriel.eval.summary import ordered_records, summarise
+from megatron_apriel.eval.summary import bfcl_multi_turn_score, ordered_records, summarise
 from megatron_apriel.fleet.client import FleetClient
 from megatron_apriel.records.rollouts import Problem
 
@@ -79,6 +79,7 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
     trajectory the episode saw)."""
     report = {"kind": REPORT_KIND, "schema_version": 1, "label": label, "checkpoint": str(checkpoint),
               "sampling": cfg.identity(), "benchmarks": {}, "timing": {}}
+    episodic: tuple[list[Problem], list] = ([], [])  # every multi-turn benchmark's problems and samples
     for spec in specs:
         results = ResultsFile(results_path(out, spec.name))
         done = results.load()
@@ -101,6 +102,10 @@ async def run_benchmarks(specs: Sequence[BenchmarkSpec], problems: dict[str, lis
             budgets = rescore_at_budgets(ordered, by_id, tokenizer, pool, cfg.used_budgets, verdicts)
         summary = summarise(run.problems, ordered, spec.samples, budgets)
         report["benchmarks"][spec.name] = {"format": spec.format, "path": spec.source, **summary}
+        if spec.format == "bfcl_multi_turn":
+            episodic[0].extend(run.problems)
+            episodic[1].extend(ordered)
+            report["bfcl_multi_turn"] = bfcl_multi_turn_score(*episodic)
         report["timing"][spec.name] = {"wall_s": wall, "new_samples": len(ordered) - already}
         write_report(out, report)
     return report

@@ -54,3 +54,19 @@ def summarise(problems: Sequence[Problem], ordered: Sequence[SampleRecord], samp
         out["pass@1_at_budget"] = {str(b): _pass1_stats(s, len(problems), samples)["pass@1"]
                                    for b, s in sorted(budget_success.items())}
     return out
+
+
+BFCL_MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+
+
+def bfcl_multi_turn_score(problems: Sequence[Problem], ordered: Sequence[SampleRecord]) -> dict:
+    """BFCL's multi-turn figure, as its leaderboard computes it: the accuracy of each of the four
+    categories (the share of samples the official checker passes), and their unweighted mean, in
+    which a category not evaluated counts 0 (``complete`` says whether all four were)."""
+    by_id = {p.id: p.metadata.get("category") for p in problems}
+    hits: dict[str, list[bool]] = {}
+    for r in ordered:
+        hits.setdefault(by_id[r.problem_id], []).append(r.success)
+    categories = {c: math.fsum(hits[c]) / len(hits[c]) for c in BFCL_MULTI_TURN if c in hits}
+    return {"categories": categories, "overall": math.fsum(categories.values()) / len(BFCL_MULTI_TURN),
+            "complete": len(categories) == len(BFCL_MULTI_TURN)}

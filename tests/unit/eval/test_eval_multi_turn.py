@@ -89,7 +89,9 @@ def evaluate(bench: Path, out: Path, tokenizer, fleet: FakeToolFleet) -> dict:
 
     pool, episodes = make_verifier_pool(1), EpisodeWorkers(1)
     try:
-        return asyncio.run(go())["benchmarks"][spec.name]
+        report = asyncio.run(go())
+        return {**report["benchmarks"][spec.name], "bfcl": report["bfcl_multi_turn"],
+                "md": (out / "report.md").read_text()}
     finally:
         pool.shutdown()
         episodes.shutdown()
@@ -102,6 +104,11 @@ def test_a_bfcl_episode_per_sample_scores_what_the_model_played(bench, tokenizer
     assert report["problems"] == ROWS and report["samples"] == ROWS  # BFCL's one sample per entry
     assert report["pass@1"] == pytest.approx(len(play) / ROWS)
     assert "pass@1_at_budget" not in report  # a cut trajectory is not one the episode saw
+    # BFCL's overall multi-turn figure: the four categories' unweighted mean, a missing one counting 0
+    assert report["bfcl"] == {"categories": {"multi_turn_base": pytest.approx(len(play) / ROWS)},
+                              "overall": pytest.approx(len(play) / ROWS / 4), "complete": False}
+    assert f"BFCL v4 multi-turn overall {100 * len(play) / ROWS / 4:.1f}%: base {100 * len(play) / ROWS:.1f}" \
+        in report["md"]
     records = sorted(ResultsFile(results_path(tmp_path / "out", "bfcl_base")).load().values(), key=lambda r: r.key)
     assert [r.success for r in records] == [i in play for i in range(ROWS)]
     for i, (record, truth) in enumerate(zip(records, answers(bench))):
