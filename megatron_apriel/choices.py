@@ -16,6 +16,7 @@ Fp8Format = Literal["hybrid", "e4m3"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 CpCommType = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
 WireDtype = Literal["float32", "bfloat16", "float16"]
+KvOnUpdate = Literal["recompute", "keep"]
 
 
 def choices(kind) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ def build_group(*, problem: Problem, prompt_ids: list[int], completions: Sequenc
                         finish_reason=c.finish_reason, truncated=c.truncated, outcome=r.outcome,
                         detail=r.detail[:DETAIL_CHARS], score=r.score, success=ok,
                         reward=float(sh), advantage=float(a), server=c.server, attempts=c.attempts,
-                        routed_experts=c.routed_experts())
+                        routed_experts=c.routed_experts(), context_versions=c.context_versions)
                 for c, r, ok, sh, a in zip(completions, results, success, shaped, adv)]
     return RolloutGroup(seq=-1, problem_id=problem.id, domain=problem.domain, prompt_ids=prompt_ids,
                         rollouts=rollouts, admitted_version=admitted_version, dropped=dropped, timings=timings)

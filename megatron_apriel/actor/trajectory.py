@@ -125,6 +125,9 @@ class Trajectory:
     turns: list[ModelTurn] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[VersionSpan] = field(default_factory=list)
+    context_versions: list[VersionSpan] = field(default_factory=list)
+    """Per model token, the oldest weights its KV cache may hold (``Completion.context_version`` of
+    its turn's request; empty when requests carry none: ``fleet.kv_on_update=recompute``)."""
     finish_reason: str = ""
     truncated: bool = False
     server: str = ""
@@ -149,11 +152,10 @@ class Trajectory:
             self.turns.append(ModelTurn(start=start, end=len(self.ids)))
         self.logprobs.extend(c.logprobs)
         for s in c.versions:
-            span = VersionSpan(version=s.version, start=s.start + offset, end=s.end + offset)
-            if self.versions and self.versions[-1].version == span.version and self.versions[-1].end == span.start:
-                self.versions[-1] = self.versions[-1].model_copy(update={"end": span.end})
-            else:
-                self.versions.append(span)
+            _append_span(self.versions, VersionSpan(version=s.version, start=s.start + offset, end=s.end + offset))
+        if c.context_version is not None and c.token_ids:
+            _append_span(self.context_versions, VersionSpan(version=max(c.context_version, 0), start=offset,
+                                                            end=offset + len(c.token_ids)))
         self.finish_reason = c.finish_reason
         self.truncated = self.truncated or c.finish_reason == "length"
         self.server = c.server
@@ -202,3 +204,11 @@ class Trajectory:
         t = cls(prompt_len=len(c.prompt_token_ids) if prompt_len is None else prompt_len)
         t.add_turn(c)
         return t
+
+
+def _append_span(spans: list[VersionSpan], span: VersionSpan) -> None:
+    """``span`` after ``spans``, merged into the last one where the same version continues."""
+    if spans and spans[-1].version == span.version and spans[-1].end == span.start:
+        spans[-1] = spans[-1].model_copy(update={"end": span.end})
+    else:
+        spans.append(span)

@@ -82,7 +82,8 @@ async def _run_actor(run: RunConfig) -> None:
                     "model saw), but differ from a re-render of the whole conversation", differs)
     urls = fleet_urls(run.fleet, run.run_dir)
     client = FleetClient(urls, max_attempts=run.fleet.request_attempts, cooldown_s=run.fleet.cooldown_s,
-                         timeout_s=run.fleet.request_timeout_s, stall_timeout_s=run.fleet.stall_timeout_s)
+                         timeout_s=run.fleet.request_timeout_s, stall_timeout_s=run.fleet.stall_timeout_s,
+                         salt_cache=run.fleet.kv_on_update == "keep")
     episodes = episode_workers(run)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -87,7 +87,7 @@ def build_sender(run: RunConfig, ctx, parts, stop: StopFlag):
     members = fleet_members(run, stop) if ctx.rank == 0 else []
     return WeightSender(cfg, members=members, model=parts.chunks[0].module, ctx=ctx,
                         vocab_size=parts.arch.vocab_size, to_hf=table_to_hf(parts.arch, layout),
-                        should_stop=lambda: stop.requested)
+                        should_stop=lambda: stop.requested, keep_kv=run.fleet.kv_on_update == "keep")
 
 
 def build_trainer(run: RunConfig, ctx, stop: Optional[StopFlag] = None):

@@ -53,6 +53,9 @@ class Completion:
     routed_experts: Optional[RoutedExperts] = None
     """``[prompt + completion - 1, layers, k]`` expert ids, when the server returns them
     (``apriel-serve --return-routed-experts``), kept as the server sent them."""
+    context_version: Optional[int] = None
+    """With ``salt_cache``: the version its prefix-cache salt named, the oldest weights whose KV it
+    may have attended over (-1: the server's version was unknown, so any). None: not salted."""
 
     @property
     def versions_seen(self) -> list[int]:
@@ -90,7 +93,8 @@ class _Server:
     """Whether its last ``/weight_info`` question was answered (logged when it changes)."""
 
 
-def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -> Completion:
+def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int,
+                  context_version: Optional[int] = None) -> Completion:
     content = (choice.get("logprobs") or {}).get("content") or []
     tokens = choice.get("token_ids") or []
     if len(content) != len(tokens):
@@ -100,7 +104,8 @@ def _parse_choice(choice: dict, prompt: list[int], server: str, attempts: int) -
     routed = choice.get("routed_experts")
     return Completion(prompt_token_ids=list(prompt), token_ids=list(tokens), logprobs=[c["logprob"] for c in content],
                       finish_reason=choice.get("finish_reason") or "", versions=spans, server=server, attempts=attempts,
-                      routed_experts=None if routed is None else RoutedExperts.from_npy_base64(routed))
+                      routed_experts=None if routed is None else RoutedExperts.from_npy_base64(routed),
+                      context_version=context_version)
 
 
 _TOKENS = re.compile(r"^vllm:generation_tokens_total(\{[^}]*\})?\s+([0-9.eE+]+)$", re.MULTILINE)
@@ -109,10 +114,14 @@ _TOKENS = re.compile(r"^vllm:generation_tokens_total(\{[^}]*\})?\s+([0-9.eE+]+)$
 class FleetClient:
     def __init__(self, servers: list[str], max_attempts: int = 8, cooldown_s: float = 2.0, timeout_s: float = 3600.0,
                  max_connections: int = 512, transport: Optional[httpx.AsyncBaseTransport] = None,
-                 stall_timeout_s: Optional[float] = None):
+                 stall_timeout_s: Optional[float] = None, salt_cache: bool = False):
         """``stall_timeout_s``: a server with requests in flight whose generated-token counter
         (``/metrics``) does not move for this long is treated as failed: its requests are sent
-        again elsewhere (or to it, once it answers again). None: no watchdog."""
+        again elsewhere (or to it, once it answers again). None: no watchdog. ``salt_cache``
+        (``fleet.kv_on_update=keep``, where an update keeps the servers' caches): each request's
+        prefix-cache salt names the newest version known to be served there, so it reuses no block
+        another request computed under an older known version; ``Completion.context_version``
+        says which version that was."""
         if not servers:
             raise ValueError("FleetClient needs at least one server URL.")
         self.servers = [_Server(s.rstrip("/")) for s in servers]
@@ -125,6 +134,7 @@ class FleetClient:
         """None: no gate. Else servers not known to serve at least this version take no request
         (see the module docstring); a server on its start-up weights never counts as current."""
         self.stall_timeout_s = stall_timeout_s
+        self.salt_cache = salt_cache
         self.stalls = 0
         self._stalled: set = set()
         self._watchdog: Optional[asyncio.Task] = None
@@ -272,6 +282,10 @@ class FleetClient:
     async def _once(self, server: _Server, prompt: list[int], sampling: SamplingConfig, n: int, attempt: int):
         body = {"request_id": f"apriel-{uuid.uuid4().hex}", "token_ids": list(prompt),
                 "sampling_params": sampling.to_vllm(n)}
+        context = None
+        if self.salt_cache:
+            context = server.version if server.version is not None else -1
+            body["cache_salt"] = f"apriel-v{context}"
         response = await self._http.post(server.url + "/inference/v1/generate", json=body)
         if response.status_code >= 500 or response.status_code in (408, 429):
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
@@ -280,7 +294,7 @@ class FleetClient:
         choices = sorted(response.json()["choices"], key=lambda c: c["index"])
         if any(c.get("finish_reason") == "abort" for c in choices):
             raise _Retryable("the server aborted the request")
-        return [_parse_choice(c, prompt, server.url, attempt) for c in choices]
+        return [_parse_choice(c, prompt, server.url, attempt, context) for c in choices]
 
     async def weight_versions(self) -> dict[str, int]:
         out = {}

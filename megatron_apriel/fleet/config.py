@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from megatron_apriel.choices import BeforeTrip, check_choice
+from megatron_apriel.choices import BeforeTrip, KvOnUpdate, check_choice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +167,14 @@ class FleetConfig:
     """A server with requests in flight that produces no token for this long (its /metrics counter)
     is treated as failed and its requests go elsewhere; null: never (weight updates pause it briefly)."""
     drift_gate: DriftGateConfig = field(default_factory=DriftGateConfig)
+    kv_on_update: str = "recompute"
+    """What a weight update does to the requests in flight and their KV cache (docs/serving.md):
+    recompute (vLLM's /pause default: every running request's prefix is computed again with the new
+    weights, so tokens sampled after the update are exactly on-policy) or keep (the running
+    requests keep their cache: no re-prefill, but their next tokens attend over keys and values the
+    old weights computed; each request's prefix-cache salt names the served version, so a new
+    request never reuses an older version's blocks; the stream marks those tokens, the mismatch
+    figures report them apart as ``fresh_stale_cache``, and the drift gate leaves them out)."""
 
     def __post_init__(self) -> None:
         if self.num_servers < 1 and not self.servers:
@@ -179,6 +187,7 @@ class FleetConfig:
             raise ValueError(f"fleet.stall_timeout_s={self.stall_timeout_s} must be > 0 (or null: no watchdog).")
         if self.max_restarts < 0:
             raise ValueError("fleet.max_restarts must be >= 0.")
+        check_choice("fleet.kv_on_update", self.kv_on_update, KvOnUpdate)
         self._check_per_server_args()
 
     def _check_per_server_args(self) -> None:

@@ -94,13 +94,14 @@ class Outcome(str, enum.Enum):
 
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Format version of `RolloutGroup` written now; a reader refuses any it does not know (old runs are
-not silently misread). 4: multi-turn trajectories (``model_turns``, ``truncated``; log-probs and
+not silently misread). 5: ``context_versions`` (the KV cache a token was sampled over, under
+``fleet.kv_on_update=keep``); 4: multi-turn trajectories (``model_turns``, ``truncated``; log-probs and
 version spans per model token); 3: rollouts may carry their ``routed_experts``; 2: the verifier's
 ``detail``. 1 to 3 are still read, each rollout as one model turn over its whole completion,
 truncated when vLLM stopped it at the length limit."""
-READ_SCHEMA_VERSIONS = (1, 2, 3, 4)
+READ_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 """Every ``schema_version`` a reader accepts (``RolloutGroup.READS`` plus ``SCHEMA_VERSION``)."""
 
 
@@ -246,6 +247,13 @@ class Rollout(Record):
     """The experts vLLM routed the prompt and completion tokens to (``apriel-serve
     --return-routed-experts``, for rollout routing replay), the environment's tokens included: vLLM
     routes them when it prefills them for the next turn, as it routes the prompt; None: not recorded."""
+    context_versions: list[VersionSpan] = Field(default_factory=list)
+    """Model tokens ``[start, end)`` were sampled over a KV cache computed by weights no older than
+    ``version`` (spans over model tokens, as ``versions``). With ``fleet.kv_on_update=keep`` a
+    request keeps its cache across a weight update, so a token sampled by newer weights may attend
+    over keys and values the older ones computed: its context version is below its own (``stale_cache``).
+    Empty: every token's context is as new as the token (``recompute``: the cache is rebuilt at each
+    update; streams before schema 5)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -265,8 +273,9 @@ class Rollout(Record):
         _check_turns(self.model_turns, len(self.completion_ids))
         if len(self.logprobs) != self.model_length:
             raise ValueError(f"{self.model_length} model tokens but {len(self.logprobs)} log-probs.")
-        if self.versions and (self.versions[0].start != 0 or self.versions[-1].end != self.model_length):
-            raise ValueError(f"version spans {self.versions} do not cover the {self.model_length} model tokens.")
+        for name, spans in (("version", self.versions), ("context version", self.context_versions)):
+            if spans and (spans[0].start != 0 or spans[-1].end != self.model_length):
+                raise ValueError(f"{name} spans {spans} do not cover the {self.model_length} model tokens.")
         if self.finish_reason == "length" and not self.truncated:
             raise ValueError("finish_reason 'length' with truncated=false: a turn cut at the length limit "
                              "truncates its trajectory; set truncated=true.")
@@ -302,6 +311,17 @@ class Rollout(Record):
         for span in self.versions:
             lags[span.start : span.end] = max(version - span.version, 0)
         return lags
+
+    def stale_cache(self) -> Optional[np.ndarray]:
+        """Per model token, True where it was sampled over KV older than the weights that sampled
+        it (``context_versions`` below ``versions``); None when no context version is recorded."""
+        if not self.context_versions:
+            return None
+        sampled, context = np.zeros(self.model_length, np.int64), np.zeros(self.model_length, np.int64)
+        for spans, out in ((self.versions, sampled), (self.context_versions, context)):
+            for span in spans:
+                out[span.start : span.end] = span.version
+        return context < sampled
 
     def fresh_start(self, version: int) -> int:
         """Index (over model tokens) of the first one sampled by ``version`` itself (``model_length``
@@ -387,7 +407,7 @@ class RolloutGroup(Record):
         return TrainSample(np.concatenate([self.prompt_ids, r.completion_ids]), len(self.prompt_ids),
                            r.logprobs.copy(), r.advantage, truncated=r.truncated, fresh_start=r.fresh_start(version),
                            group=self.seq, lags=r.token_lags(version), server=r.server, routing=routing,
-                           mask=None if r.model_length == r.length else r.mask)
+                           mask=None if r.model_length == r.length else r.mask, stale_cache=r.stale_cache())
 
     def train_samples(self, version: int) -> list["TrainSample"]:
         """One `TrainSample` per rollout (see `train_sample`)."""

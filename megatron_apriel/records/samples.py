@@ -51,6 +51,10 @@ class TrainSample:
     """Per completion token, True where the model sampled it (bool array, a list is converted);
     False on the environment's tokens (tool results, user turns, template), which are context
     only. None: every completion token is the model's (single turn)."""
+    stale_cache: Optional[np.ndarray] = None
+    """Per model token, True where it was sampled over KV computed by older weights than those
+    that sampled it (``fleet.kv_on_update=keep``; ``Rollout.stale_cache``): such a token is never
+    counted fresh. None: none was."""
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens)
@@ -73,6 +77,11 @@ class TrainSample:
         self.lags = np.asarray(self.lags, dtype=np.int32)
         if len(self.lags) != n_model:
             raise ValueError(f"sample has {n_model} model tokens but {len(self.lags)} lags.")
+        if self.stale_cache is not None:
+            self.stale_cache = np.asarray(self.stale_cache, dtype=bool)
+            if self.stale_cache.shape != (n_model,):
+                raise ValueError(f"sample has {n_model} model tokens but a stale_cache of shape "
+                                 f"{self.stale_cache.shape}.")
         if len(self.behaviour_logprobs) != n_model:
             raise ValueError(
                 f"sample has {n_model} model tokens but {len(self.behaviour_logprobs)} behaviour log-probs."

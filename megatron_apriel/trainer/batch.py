@@ -38,7 +38,9 @@ class MicroBatch:
     labels: torch.Tensor  # [b, S] int64: next token (0 where no loss)
     loss_mask: torch.Tensor  # [b, S] bool: positions that predict a model token (environment tokens: False)
     old_logp: torch.Tensor  # [b, S] float32: behaviour log-prob of labels (0 where no loss)
-    fresh: torch.Tensor  # [b, S] bool: loss positions whose token the trained weights sampled themselves
+    fresh: torch.Tensor  # [b, S] bool: loss positions whose token the trained weights sampled themselves, over
+    #                                 a KV cache they computed themselves (not a stale cache: ``stale_cache``)
+    stale_cache: torch.Tensor  # [b, S] bool: loss positions sampled over KV of older weights (kv_on_update=keep)
     lag: torch.Tensor  # [b, S] int32: at loss positions, versions between the token's weights and the trained ones
     seq: torch.Tensor  # [b, S] int64: index of the position's sequence in this micro-batch
     advantages: torch.Tensor  # [n_seq] float32
@@ -75,7 +77,9 @@ def _fill_row(row: dict, start: int, s: TrainSample, seq_index: int) -> None:
     row["loss_mask"][first:last] = model
     row["old_logp"][first:last][model] = torch.from_numpy(s.behaviour_logprobs)
     row["lag"][first:last][model] = torch.from_numpy(s.lags)
-    row["fresh"][first:last] = model & (row["lag"][first:last] == 0)
+    if s.stale_cache is not None:
+        row["stale_cache"][first:last][model] = torch.from_numpy(s.stale_cache)
+    row["fresh"][first:last] = model & (row["lag"][first:last] == 0) & ~row["stale_cache"][first:last]
     row["seq"][start : start + n] = seq_index
     row["valid"][start : start + n] = True
     if s.routing is not None:
@@ -101,6 +105,7 @@ def _plain_rows(b: int, length: int) -> dict:
         "loss_mask": torch.zeros(b, length, dtype=torch.bool),
         "old_logp": torch.zeros(b, length, dtype=torch.float32),
         "fresh": torch.zeros(b, length, dtype=torch.bool),
+        "stale_cache": torch.zeros(b, length, dtype=torch.bool),
         "lag": torch.zeros(b, length, dtype=torch.int32),
         "seq": torch.zeros(b, length, dtype=torch.long),
         "valid": torch.zeros(b, length, dtype=torch.bool),

@@ -54,6 +54,7 @@ class LossInputs(NamedTuple):
     entropy_N: torch.Tensor | None = None  # float [N], optional, for metrics only
     fresh_N: torch.Tensor | None = None  # bool [N], optional: loss tokens sampled by the weights being trained
     lag_N: torch.Tensor | None = None  # int [N], optional: versions between the token's weights and the trained ones
+    stale_cache_N: torch.Tensor | None = None  # bool [N], optional: sampled over KV older than its own weights
     seq_total: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # [S] -> [S] summed over the CP group
     counts_sequences: bool = True  # this rank counts per-sequence terms (under CP: CP rank 0 only)
 
@@ -313,6 +314,8 @@ def _metrics(inp, log_ratio_N, keep_S, n_tok_S, stats) -> dict:
 
 LAG_BUCKETS = 4
 """Mismatch metrics are kept per token lag 0 (fresh), 1, 2 and ``LAG_BUCKETS - 1`` or more."""
+CACHE = "cache"
+"""The bucket of lag-0 tokens sampled over a stale KV cache (``fleet.kv_on_update=keep``)."""
 
 
 def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) -> dict:
@@ -326,9 +329,17 @@ def _mismatch_metrics(inp: LossInputs, corr: Correction, n_tok_S: torch.Tensor) 
     once = 1.0 if inp.counts_sequences else 0.0
     m = {"mm_seqs": (n_tok_S > 0).sum().float() * once, "mm_seqs_cut": corr.cut_S.sum().float() * once}
     lag = inp.lag_N.clamp(0, LAG_BUCKETS - 1) if inp.lag_N is not None else torch.zeros_like(inp.seq_N)
-    buckets = range(LAG_BUCKETS) if inp.lag_N is not None else ["all"]
+    buckets: list = list(range(LAG_BUCKETS)) if inp.lag_N is not None else ["all"]
+    over_stale_cache = tok & (lag == 0) & inp.stale_cache_N if inp.stale_cache_N is not None else None
+    if inp.lag_N is not None and over_stale_cache is not None:
+        buckets.append(CACHE)  # lag 0 over a stale KV cache: apart from bucket 0, the truly fresh tokens
     for k in buckets:  # masked sums, not boolean indexing: no device-to-host sync in the schedule
-        where = tok & (lag == (0 if k == "all" else k))
+        if k == "all":
+            where = tok
+        elif k == CACHE:
+            where = over_stale_cache
+        else:
+            where = tok & (lag == k) if over_stale_cache is None else tok & (lag == k) & ~over_stale_cache
         m[f"mm_{k}_tokens"] = where.sum().float()
         m[f"mm_{k}_abs_log_rho_sum"] = torch.where(where, log_rho.abs(), 0.0).sum()  # an inf stays in its bucket
         m[f"mm_{k}_k3_sum"] = (k3 * where).sum()
@@ -348,15 +359,20 @@ def _mismatch_figures(totals: dict, name: str, buckets: list) -> dict:
 def finalize_mismatch(totals: dict) -> dict:
     """The logged mismatch figures (keys under ``mismatch/``): over all loss tokens; if the tokens'
     lags are known, on fresh tokens (pure train/inference drift), on stale ones (drift plus policy
-    change) and per lag; and the share of sequences the correction cut."""
+    change) and per lag; under ``fleet.kv_on_update=keep``, apart, on the tokens sampled by the
+    trained weights over a KV cache older weights computed (``fresh_stale_cache``: drift plus the
+    stale cache's share); and the share of sequences the correction cut."""
     if "mm_seqs" not in totals:
         return {}
     lagged = "mm_0_tokens" in totals
     buckets = list(range(LAG_BUCKETS)) if lagged else ["all"]
-    out = _mismatch_figures(totals, "all", buckets)
+    cached = [CACHE] if f"mm_{CACHE}_tokens" in totals else []
+    out = _mismatch_figures(totals, "all", buckets + cached)
     out["mismatch/seqs_cut_share"] = float(totals["mm_seqs_cut"]) / max(float(totals["mm_seqs"]), 1.0)
     if lagged:
         out.update(_mismatch_figures(totals, "fresh", [0]))
+        if cached:
+            out.update(_mismatch_figures(totals, "fresh_stale_cache", cached))
         out.update(_mismatch_figures(totals, "stale", buckets[1:]))
         for k in buckets[1:]:
             label = f"lag{k}" if k < LAG_BUCKETS - 1 else f"lag{k}+"

@@ -55,7 +55,7 @@ def _loss_func(mb: MicroBatch, ctx, cfg: LossConfig, vocab_size: int, model, chu
                                    chunk_tokens=chunk_tokens)
     inp = LossInputs(logp.flatten(), mb.old_logp.flatten(), mb.loss_mask.flatten(), mb.seq.flatten(),
                      mb.advantages, mb.truncated, entropy.flatten(), mb.fresh.flatten(), mb.lag.flatten(),
-                     seq_total=_sum_over_cp(ctx), counts_sequences=ctx.cp_rank == 0)
+                     mb.stale_cache.flatten(), seq_total=_sum_over_cp(ctx), counts_sequences=ctx.cp_rank == 0)
     out = policy_loss(inp, cfg)
     metrics = dict(out.metrics, loss_sum=out.loss_sum.detach(), count=out.count.detach().float(),
                    nonfinite=(~torch.isfinite(out.loss_sum.detach())).float())

@@ -56,10 +56,13 @@ def probe_versions(servers: list[str], timeout_s: float = 5.0) -> dict[str, Prob
 
 
 class WeightSyncControl:
-    def __init__(self, servers: list[str], timeout_s: float = 600.0):
+    def __init__(self, servers: list[str], timeout_s: float = 600.0, keep_kv: bool = False):
+        """``keep_kv``: ``/pause`` keeps the running requests' KV cache (``clear_cache=false``); else
+        vLLM clears it, and the running requests compute their prefixes again after the update."""
         if not servers:
             raise ValueError("weight_sync.servers is empty: give the base URL of every vLLM server.")
         self.servers = [s.rstrip("/") for s in servers]
+        self.keep_kv = keep_kv
         self._http = httpx.Client(timeout=timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=max(2, len(self.servers)), thread_name_prefix="apriel-ctl")
 
@@ -90,7 +93,8 @@ class WeightSyncControl:
         self._all("POST", "/start_weight_update")
 
     def pause(self) -> None:
-        self._all("POST", "/pause", params={"mode": "keep"})
+        """Freeze the running requests (``mode=keep``: not aborted); ``clear_cache`` as ``keep_kv`` says."""
+        self._all("POST", "/pause", params={"mode": "keep", "clear_cache": "false" if self.keep_kv else "true"})
 
     def resume(self) -> None:
         self._all("POST", "/resume")

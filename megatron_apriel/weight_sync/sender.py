@@ -25,8 +25,9 @@ goes on) -> every stage broadcasts its plan, its buckets and their checksum tabl
 group, gathering and converting the next tensors while earlier buckets are on the wire (async
 broadcasts; large tensors straight from their own memory, small ones packed) ->
 ``/pause?mode=keep`` -> ``/update_weights`` (verify everything, then load) ->
-``/finish_weight_update`` (new version label) -> ``/resume``. Requests in flight keep their KV
-cache and continue under the new weights; their outputs carry both version labels.
+``/finish_weight_update`` (new version label) -> ``/resume``. Requests in flight continue under the
+new weights, and their outputs carry both version labels; their KV cache is computed again with
+the new weights (``fleet.kv_on_update=recompute``, vLLM's pause clears it) or kept (``keep``).
 
 Deadlock freedom with PP > 1: stage groups are independent and the receiver drains them
 concurrently, so a stage's broadcast never waits for another stage. Between ``push``'s start and
@@ -84,10 +85,12 @@ def live_members(members: list[Member], probes: dict[str, Probe], connected: lis
 class WeightSender:
     def __init__(self, cfg: WeightSyncConfig, *, members: Members, model, ctx: ParallelContext, vocab_size: int,
                  to_hf: ToHF, on_bucket: Optional[BucketHook] = None,
-                 should_stop: Callable[[], bool] = lambda: False):
+                 should_stop: Callable[[], bool] = lambda: False, keep_kv: bool = False):
         """``should_stop``: the coordinator's stop request; a wait for the fleet ends with
-        `StopRequested` on every rank when it is set (the fleet is probably stopping too)."""
-        self.cfg, self.ctx = cfg, ctx
+        `StopRequested` on every rank when it is set (the fleet is probably stopping too).
+        ``keep_kv`` (``fleet.kv_on_update=keep``): the servers' running requests keep their KV cache
+        across the update; else vLLM computes their prefixes again with the new weights."""
+        self.cfg, self.ctx, self.keep_kv = cfg, ctx, keep_kv
         self.should_stop = should_stop
         self.members = members if callable(members) else (lambda urls=tuple(members): [(u, "") for u in urls])
         self.backend = cfg.backend if cfg.backend != "auto" else ("nccl" if ctx.device.type == "cuda" else "gloo")
@@ -186,7 +189,7 @@ class WeightSender:
     def _reconnect(self, members: list[Member]) -> None:
         self.close()
         if self.is_coordinator:
-            self.control = WeightSyncControl([url for url, _ in members], self.cfg.timeout_s)
+            self.control = WeightSyncControl([url for url, _ in members], self.cfg.timeout_s, keep_kv=self.keep_kv)
         self.connect()
         self.reconnects += self.last_version is not None  # the first connection is not a reconnection
         self.connected = members

@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--bucket-bytes", type=int, default=64 * 1024)
     ap.add_argument("--direct-bytes", type=int, default=256 * 1024)  # the tiny model's embedding and lm_head
+    ap.add_argument("--keep-kv", action="store_true", help="fleet.kv_on_update=keep: the pause keeps the KV cache")
     args = ap.parse_args()
     work = Path(args.work)
     tp, pp, ep = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "ep2": (1, 1, 2)}[args.layout]
@@ -88,7 +89,7 @@ def main():
                                            advertise_host="127.0.0.1",
                                            base_port=args.port, timeout_s=120),
                           members=[args.server], model=model, ctx=ctx, vocab_size=arch.vocab_size,
-                          to_hf=table_to_hf(arch, layout))
+                          to_hf=table_to_hf(arch, layout), keep_kv=args.keep_kv)
     sender.ensure_connected()
     rank = dist.get_rank()
     if rank == 0:

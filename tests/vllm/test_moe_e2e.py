@@ -96,7 +96,7 @@ def test_the_trainer_replays_vllms_routing_and_its_log_probs_after_ep2_pushes(ru
 def test_the_stream_keeps_every_rollouts_routed_experts(runs):
     _, run, _, _, _ = runs
     groups = stream(run / "rollouts")
-    assert groups and all(g.schema_version == 4 for g in groups)
+    assert groups and all(g.schema_version == 5 for g in groups)
     for g in groups[:20]:
         for r in g.rollouts:
             ids = r.routed_experts.array()

@@ -2,7 +2,9 @@
 
 For each layout: weights pushed while 16 long requests are decoding (held there by a pause as soon
 as the client has sent them, so the push lands mid-way on any machine); every request completes
-(none aborted) and reports the versions its tokens came from; the server's prompt log-probs then
+(none aborted) and reports the versions its tokens came from; under ``fleet.kv_on_update=recompute``
+(TP=2) the update preempts every running request, which computes its prefix again with the new
+weights (vLLM's preemption counter), under ``keep`` (PP=2) none is; the server's prompt log-probs then
 equal the trainer's (fp32, atol 1e-4); a push with one flipped byte is rejected, the server keeps
 serving the previous weights and version, and says why (TP=2: the byte is in a tensor sent from
 its own memory, the zero-copy path; PP=2: in a packed bucket).
@@ -60,6 +62,8 @@ def metrics(url: str, *names: str) -> list[float]:
 
 
 TOKENS, FINISHED = "vllm:generation_tokens_total", "vllm:request_success_total"
+PREEMPTED = "vllm:num_preemptions_total"
+HOLD = {"mode": "keep", "clear_cache": "false"}
 
 
 class _Sent(httpx.AsyncBaseTransport):
@@ -83,20 +87,22 @@ def start_held_requests(url: str, n: int, completions: list, tries: int = 3) -> 
     they decode (its own pause and resume take over). The server is paused as soon as the client
     has sent them, then let run a step at a time (resume, pause) until it has generated a token;
     the counters are read only while it is paused and idle. (Scraping /metrics while it decodes
-    took ~2 s here, as long as the whole batch.) A batch that finished anyway is tried again."""
+    took ~2 s here, as long as the whole batch.) A batch that finished anyway is tried again. The
+    hold keeps the requests' KV cache (``clear_cache=false``): a preemption there would be counted
+    only once the requests run again, inside the push, whose own pause is under test."""
     for _ in range(tries):
         completions.clear()
         before = metrics(url, TOKENS, FINISHED)
         sent = threading.Event()
         thread = run_in_flight(url, n, completions, _Sent(n, sent))
         assert sent.wait(300), "the client never sent its requests"
-        httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+        httpx.post(url + "/pause", params=HOLD, timeout=60).raise_for_status()
         tokens, finished = metrics(url, TOKENS, FINISHED)
         deadline = time.monotonic() + 300
         while tokens == before[0] and finished == before[1]:
             assert thread.is_alive() and time.monotonic() < deadline, "the requests never reached the server"
             httpx.post(url + "/resume", timeout=60).raise_for_status()
-            httpx.post(url + "/pause", params={"mode": "keep"}, timeout=60).raise_for_status()
+            httpx.post(url + "/pause", params=HOLD, timeout=60).raise_for_status()
             tokens, finished = metrics(url, TOKENS, FINISHED)
         if finished == before[1]:
             return thread
@@ -130,20 +136,26 @@ def start_pusher(layout: str, url: str, model: str, work: Path, version: int, *e
                             start_new_session=True)
 
 
-@pytest.mark.parametrize("layout,version", [("tp2", 1), ("pp2", 3)])
-def test_push_from_megatron_in_flight_and_corrupted(layout, version, vllm_server, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("layout,version,kv", [("tp2", 1, "recompute"), ("pp2", 3, "keep")])
+def test_push_from_megatron_in_flight_and_corrupted(layout, version, kv, vllm_server, tiny_model_dir, tmp_path):
     url = vllm_server.url
     previous = parse_version_label(httpx.get(url + "/weight_info").json()["weight_version"])
-    proc = start_pusher(layout, url, tiny_model_dir, tmp_path, version)
+    proc = start_pusher(layout, url, tiny_model_dir, tmp_path, version, *(["--keep-kv"] if kv == "keep" else []))
     try:
         wait_for(tmp_path / "ready", proc)
         completions: list = []
         thread = start_held_requests(url, 16, completions)
+        [preempted] = metrics(url, PREEMPTED)  # the server is paused here, the 16 requests in it
         (tmp_path / "go1").touch()
         wait_for(tmp_path / "done1", proc)
         thread.join(120)
         step1 = torch.load(tmp_path / "step1.pt")
         assert step1["report"]["accepted"], step1["report"]
+        [preempted_after] = metrics(url, PREEMPTED)
+        if kv == "keep":  # the running requests kept their cache through the update
+            assert preempted_after == preempted
+        else:  # vLLM's pause cleared it: each running request was preempted, its prefix computed again
+            assert preempted_after > preempted
 
         # in-flight requests: all complete, none aborted, tagged with the versions they saw
         assert len(completions) == 16

@@ -1,6 +1,7 @@
 """FleetClient routing, retries and version tags against a stubbed HTTP transport (no vLLM)."""
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -266,3 +267,47 @@ def test_waiting_requests_ask_a_down_server_once_between_them_and_log_each_chang
     lines = [r.getMessage() for r in caplog.records]
     assert sum("did not answer /weight_info" in m for m in lines) == 1, lines
     assert sum("answers /weight_info again" in m for m in lines) == 1, lines
+
+
+@pytest.mark.parametrize("salt", [True, False], ids=["keep", "recompute"])
+def test_under_keep_each_request_is_salted_with_the_version_known_served_there(salt):
+    """``salt_cache`` (fleet.kv_on_update=keep): the salt names the newest version the client knows
+    the server serves (-1 before it knows any), so no request reuses prefix blocks of a request
+    salted with an older one; the completion says which. Without it: no salt, no context version;
+    the actor's trajectory then records context versions per model turn (merged where equal)."""
+    from megatron_apriel.actor.trajectory import Trajectory
+
+    bodies, version = [], {"v": 3}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": str(version["v"])})
+        bodies.append(json.loads(request.content))
+        spans = [{"version": str(version["v"]), "start": 0, "end": 2}]
+        return httpx.Response(200, json={"choices": [_choice([9, 8], spans, finish="stop")]})
+
+    async def go():
+        client = FleetClient(["http://a"], transport=httpx.MockTransport(handler), salt_cache=salt)
+        try:
+            first = await client.generate([1, 2], SamplingConfig(max_tokens=2))  # version unknown: -1
+            second = await client.generate([1, 2], SamplingConfig(max_tokens=2))  # 3, learnt from the first
+            version["v"] = 4
+            third = await client.generate([1, 2], SamplingConfig(max_tokens=2))  # still 3 (sent before it heard)
+            client.required_version = 4  # the actor's gate: asks /weight_info, then salts with 4
+            fourth = await client.generate([1, 2], SamplingConfig(max_tokens=2))
+            return [c for out in (first, second, third, fourth) for c in out]
+        finally:
+            await client.aclose()
+
+    completions = asyncio.run(go())
+    if not salt:
+        assert all("cache_salt" not in b for b in bodies) and all(c.context_version is None for c in completions)
+        return
+    assert [b["cache_salt"] for b in bodies] == ["apriel-v-1", "apriel-v3", "apriel-v3", "apriel-v4"]
+    assert [c.context_version for c in completions] == [-1, 3, 3, 4]
+    t = Trajectory.single(completions[1], prompt_len=2)
+    for c in completions[2:]:
+        t.add_environment([5])
+        t.add_turn(c)
+    assert [(s.version, s.start, s.end) for s in t.context_versions] == [(3, 0, 4), (4, 4, 6)]
+    assert [(s.version, s.start, s.end) for s in t.versions] == [(3, 0, 2), (4, 2, 6)]

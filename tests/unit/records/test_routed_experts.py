@@ -1,5 +1,5 @@
 """Routed experts from the server's answer to the trainer's sample (no vLLM): vLLM's wire format
-(base64 ``.npy``), the rollout record (schema 4, schemas 1 to 3 still read), the stream, and the
+(base64 ``.npy``), the rollout record (schema 5, schemas 1 to 4 still read), the stream, and the
 rows the trainer replays (sparse layers only, the last token unrouted)."""
 
 import asyncio
@@ -72,7 +72,7 @@ def test_records_keep_the_ids_exactly_through_the_stream(tmp_path):
     for a, b in zip(g.rollouts, back.rollouts):
         assert b.routed_experts.shape == (7, 3, 2) \
             and np.array_equal(a.routed_experts.array(), b.routed_experts.array())
-    assert back.schema_version == 4
+    assert back.schema_version == 5
     wide = RoutedExperts.from_array(np.full((2, 1, 1), 300, dtype=np.uint16))  # more than 256 experts
     assert wide.dtype == "uint16" and wide.array().tolist() == [[[300]], [[300]]]
 

@@ -130,7 +130,7 @@ def test_records_validate_their_invariants():
         Rollout(completion_ids=[1, 2], logprobs=[-1.0, -1.0], versions=[VersionSpan(version=0, start=0, end=1)],
                 finish_reason="stop", outcome="wrong", score=0.0, success=False, reward=0.0, advantage=0.0)
     with pytest.raises(ValueError, match="schema"):
-        RolloutGroup.model_validate({**group(0).model_dump(), "schema_version": 5})
+        RolloutGroup.model_validate({**group(0).model_dump(), "schema_version": 6})
     # a stream written before rollouts kept the verifier's note (schema 1) is still read
     old = group(0).model_dump()
     old["schema_version"] = 1

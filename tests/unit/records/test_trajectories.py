@@ -1,4 +1,4 @@
-"""Multi-turn trajectories in the rollout record (schema 4): model turns and environment tokens in
+"""Multi-turn trajectories in the rollout record (schema 4, written as 5 since): model turns and environment tokens in
 one id array, the model's tokens' log-probs and versions, the mask the trainer gets; and records of
 schemas 1 to 3 read as the one-turn case they are."""
 
@@ -43,7 +43,7 @@ def test_a_trajectory_round_trips_through_the_stream_by_its_wire_form(tmp_path):
     back = StreamReader(tmp_path).next_group()
     assert back.model_dump_json() == g.model_copy(update={"seq": 0}).model_dump_json()
     r = back.rollouts[0]
-    assert back.schema_version == 4 and r.completion_ids.tolist() == COMPLETION
+    assert back.schema_version == 5 and r.completion_ids.tolist() == COMPLETION
     assert r.mask.astype(int).tolist() == MASK and r.model_length == 6 and r.length == 11
     assert [(t.start, t.end) for t in r.model_turns] == TURNS and r.truncated and r.finish_reason == "stop"
     assert r.logprobs.tolist() == LOGPROBS and r.routed_experts.shape == (13, 2, 2)
