@@ -21,11 +21,16 @@ from megatron_apriel.actor.trajectory import ChatTokens, Trajectory
 from megatron_apriel.envs.base import Start
 from megatron_apriel.fleet.client import FleetClient
 from megatron_apriel.fleet.config import SamplingConfig
+from megatron_apriel.records.rollouts import Problem
 from megatron_apriel.verifiers.base import VerifierResult
 
 
 class EpisodeHost(Protocol):
     """``EpisodeWorkers`` or ``InlineEpisodes`` (``actor/episodes.py``)."""
+
+    async def open(self, env: str, problem: Problem, n: int) -> tuple[list[str], Start]: ...
+
+    def discard(self, keys: list[str]) -> None: ...
 
     async def step(self, items: list[tuple[str, str]]) -> list[Answer]: ...
 

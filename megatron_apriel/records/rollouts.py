@@ -307,21 +307,15 @@ class Rollout(Record):
     def token_lags(self, version: int) -> np.ndarray:
         """Per model token, ``version`` minus the version that sampled it (int32, >= 0; tokens of no
         recorded version count from version 0)."""
-        lags = np.full(self.model_length, version, dtype=np.int32)
-        for span in self.versions:
-            lags[span.start : span.end] = max(version - span.version, 0)
-        return lags
+        return np.maximum(version - _per_token(self.versions, self.model_length, fill=0), 0).astype(np.int32)
 
     def stale_cache(self) -> Optional[np.ndarray]:
         """Per model token, True where it was sampled over KV older than the weights that sampled
         it (``context_versions`` below ``versions``); None when no context version is recorded."""
         if not self.context_versions:
             return None
-        sampled, context = np.zeros(self.model_length, np.int64), np.zeros(self.model_length, np.int64)
-        for spans, out in ((self.versions, sampled), (self.context_versions, context)):
-            for span in spans:
-                out[span.start : span.end] = span.version
-        return context < sampled
+        n = self.model_length
+        return _per_token(self.context_versions, n, fill=0) < _per_token(self.versions, n, fill=0)
 
     def fresh_start(self, version: int) -> int:
         """Index (over model tokens) of the first one sampled by ``version`` itself (``model_length``
@@ -330,6 +324,14 @@ class Rollout(Record):
             if span.version >= version:
                 return span.start
         return self.model_length
+
+
+def _per_token(spans: list[VersionSpan], n: int, fill: int) -> np.ndarray:
+    """Each of ``n`` model tokens' version from ``spans`` (int64; ``fill`` where no span covers it)."""
+    out = np.full(n, fill, dtype=np.int64)
+    for span in spans:
+        out[span.start : span.end] = span.version
+    return out
 
 
 def _check_turns(turns: list[ModelTurn], n: int) -> None:
