@@ -24,6 +24,8 @@ setup(
         "matplotlib>=3.8",
         # Megatron's checkpoint writer needs it; without it the forked writers die and save hangs.
         "psutil",
+        # the weight updates' cost, read from vLLM's /metrics (vLLM requires it too)
+        "prometheus-client>=0.17",
         "httpx>=0.27,<1",
         "pydantic>=2",
         "datasets>=3.0",

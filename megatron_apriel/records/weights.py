@@ -141,6 +141,20 @@ class UpdateResult(_Message):
     """Loading the staged tensors into the model (generation is paused for this part only)."""
 
 
+class FleetWindow(Record):
+    """What the fleet did from the previous update's pause to this one's, by vLLM's counters
+    (``weight_sync/engine_counters.py``), summed over the servers read both times."""
+
+    seconds: float
+    servers: int
+    preempted: int
+    """Requests preempted: each update under ``fleet.kv_on_update=recompute`` preempts every running
+    request (its cache dropped, its prefix computed again); vLLM also preempts when its KV cache is full."""
+    prompt_tokens: int
+    """Prompt tokens prefilled for new requests (a preempted request's recomputation is not counted)."""
+    generation_tokens: int
+
+
 class SyncReport(_Message):
     """The trainer's view of one weight update (complete on the coordinator rank)."""
 
@@ -157,6 +171,8 @@ class SyncReport(_Message):
     pause_s: float = 0.0
     """Wall time between /pause and /resume on the coordinator (generation paused)."""
     total_s: float = 0.0
+    fleet: Optional[FleetWindow] = None
+    """Since the previous update (None for the first, or when no server was read both times)."""
 
 
 WeightSyncMessage = Union[TransferInit, StagePlan, UpdateRequest, UpdateResult, SyncReport]

@@ -36,6 +36,7 @@ from megatron_apriel.records.rollouts import RolloutGroup
 from megatron_apriel.records.samples import TrainSample, balance_by_tokens
 from megatron_apriel.records.stream import StreamReader, TrainerProgress, read_segment, segment_path, write_progress
 from megatron_apriel.trainer.mismatch import server_key
+from megatron_apriel.trainer.update_cost import recomputed_tokens, stale_cache_tokens
 
 
 class RolloutSource(Protocol):
@@ -233,6 +234,9 @@ class StreamSource:
         m["rollout/verify_s_mean"] = sum(g.timings.verify_s for g in read) / len(read)
         spanning = sum(len({s.version for s in r.versions}) > 1 for r in everything)
         m["rollout/multi_version_share"] = spanning / len(everything)
+        m["rollout/recomputed_tokens"] = float(sum(recomputed_tokens(len(g.prompt_ids), r)
+                                                   for g in read for r in g.rollouts))
+        m["rollout/stale_cache_tokens"] = float(sum(stale_cache_tokens(r) for r in everything))
         m.update(self._mix(read, trained))
         return m
 

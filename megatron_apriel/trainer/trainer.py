@@ -151,9 +151,14 @@ class Trainer:
         self.source.weights_updated(self.step)
         if not report.accepted:
             log.warning("weight update %d rejected by %s; they keep serving older weights", self.step, report.rejected)
-        return {"sync/total_s": report.total_s, "sync/send_s": report.send_s, "sync/pause_s": report.pause_s,
-                "sync/MB": report.nbytes / 1e6, "sync/accepted": float(report.accepted),
-                "sync/reconnects": float(self.sender.reconnects)}
+        m = {"sync/total_s": report.total_s, "sync/send_s": report.send_s, "sync/pause_s": report.pause_s,
+             "sync/MB": report.nbytes / 1e6, "sync/accepted": float(report.accepted),
+             "sync/reconnects": float(self.sender.reconnects)}
+        if report.fleet is not None:  # vLLM's counters since the previous update (docs/serving.md)
+            m.update({"sync/preempted": float(report.fleet.preempted),
+                      "sync/prompt_tokens": float(report.fleet.prompt_tokens),
+                      "sync/gen_tokens_per_s": report.fleet.generation_tokens / max(report.fleet.seconds, 1e-9)})
+        return m
 
     def _idle(self) -> None:
         """Every rank together, between polls for rollouts: a stop request is acted on now (the

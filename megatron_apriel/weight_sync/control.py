@@ -8,6 +8,7 @@ rejections, because a rejected update is an expected outcome (the server keeps i
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +22,9 @@ from megatron_apriel.records.weights import (
     parse_version_label,
     version_label,
 )
+from megatron_apriel.weight_sync.engine_counters import EngineCounters, parse_counters
+
+log = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
@@ -98,6 +102,17 @@ class WeightSyncControl:
 
     def resume(self) -> None:
         self._all("POST", "/resume")
+
+    def engine_counters(self) -> dict[str, EngineCounters]:
+        """Every server's vLLM counters (``/metrics``); read while paused, when a server answers at
+        once. A server whose answer is not Prometheus text is left out, with a warning."""
+        out = {}
+        for server, response in zip(self.servers, self._all("GET", "/metrics")):
+            try:
+                out[server] = parse_counters(response.text)
+            except ValueError as err:
+                log.warning("%s/metrics is not Prometheus text (%s): its counters are left out of sync/*", server, err)
+        return out
 
     def update(self, request: UpdateRequest) -> dict[str, str]:
         """``/update_weights`` on every server; returns {server: reason} for those that rejected."""

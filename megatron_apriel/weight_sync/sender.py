@@ -48,11 +48,12 @@ import torch.distributed as dist
 
 from megatron_apriel.parallel.collectives import any_rank
 from megatron_apriel.parallel.groups import ParallelContext
-from megatron_apriel.records.weights import StagePlan, SyncReport, TransferInit, UpdateRequest
+from megatron_apriel.records.weights import FleetWindow, StagePlan, SyncReport, TransferInit, UpdateRequest
 from megatron_apriel.stop import StopRequested
 from megatron_apriel.weight_sync import buckets as B
 from megatron_apriel.weight_sync.config import WeightSyncConfig
 from megatron_apriel.weight_sync.control import Probe, ServerError, WeightSyncControl, probe_versions
+from megatron_apriel.weight_sync.engine_counters import FleetReadings
 from megatron_apriel.weight_sync.gather import StageWeights, ToHF
 from megatron_apriel.weight_sync.transport import StageGroup, host_stage_store, join_stage_group
 from megatron_apriel.weight_sync.wire import BucketHook, DoubleBuffer, send_stage
@@ -110,6 +111,7 @@ class WeightSender:
         """Servers that took the last probes' connections without answering in time, since when."""
         self.last_version: Optional[int] = None
         self.reconnects = 0
+        self._readings = FleetReadings()
         self._last_check = 0.0
         """Times the fleet was joined again after the first connection (a server restarted, joined or left)."""
         self._buffers = DoubleBuffer(self.device)
@@ -292,10 +294,13 @@ class WeightSender:
         control = self.control
         paused = time.perf_counter()
         rejected: dict[str, str] = {}
+        window: list[Optional[FleetWindow]] = []
 
         def apply() -> None:
             control.pause()
             try:
+                counters = control.engine_counters()  # idle servers: answered at once
+                window.append(self._readings.window(counters, time.monotonic()))
                 rejected.update(control.update(UpdateRequest(version=version, num_stages=self.role.num_sources)))
                 control.finish([s for s in control.servers if s not in rejected], version)
             finally:
@@ -306,7 +311,7 @@ class WeightSender:
         pause_s = time.perf_counter() - paused
         return SyncReport(version=version, accepted=not rejected, servers=control.servers, rejected=rejected,
                           nbytes=nbytes, num_buckets=nbuckets, send_s=send_s, pause_s=pause_s,
-                          total_s=time.perf_counter() - t0)
+                          total_s=time.perf_counter() - t0, fleet=window[0])
 
     def close(self) -> None:
         if self.group is not None:

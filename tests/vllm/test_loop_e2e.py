@@ -91,6 +91,20 @@ def test_weights_were_updated_in_flight(run_dir):
     assert max(scalars(run_dir, "sync/pause_s")) < 5.0
 
 
+def test_each_update_under_recompute_resets_the_running_requests_and_its_cost_is_reported(run_dir):
+    """fleet.kv_on_update=recompute (the default): vLLM's own counter shows the running requests
+    preempted by the updates' cache clears, the stream the prefixes computed again, and no token was
+    sampled over an older cache. Every step's update reports the window since the update before (the
+    first reading is the push of the initial weights, before step 0)."""
+    rows = metrics(run_dir)
+    windows = [r for r in rows if "sync/preempted" in r]
+    assert len(windows) == STEPS
+    assert sum(r["sync/preempted"] for r in windows) > 0
+    assert all(r["sync/gen_tokens_per_s"] > 0 and r["sync/prompt_tokens"] > 0 for r in windows)
+    assert sum(r["rollout/recomputed_tokens"] for r in rows) > 0
+    assert all(r["rollout/stale_cache_tokens"] == 0 for r in rows)
+
+
 def test_train_inference_drift_is_round_off(run_dir):
     # fp32 on both sides, same weights: what remains is kernel round-off
     assert max(scalars(run_dir, "train/drift_abs_mean")) < 1e-4
