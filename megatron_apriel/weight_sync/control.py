@@ -105,13 +105,15 @@ class WeightSyncControl:
 
     def engine_counters(self) -> dict[str, EngineCounters]:
         """Every server's vLLM counters (``/metrics``); read while paused, when a server answers at
-        once. A server whose answer is not Prometheus text is left out, with a warning."""
+        once. They are figures, not control: a server that does not answer them, or not in
+        Prometheus text, is left out with a warning (the update goes on)."""
+        futures = {s: self._pool.submit(self._call, s, "GET", "/metrics") for s in self.servers}
         out = {}
-        for server, response in zip(self.servers, self._all("GET", "/metrics")):
+        for server, future in futures.items():
             try:
-                out[server] = parse_counters(response.text)
-            except ValueError as err:
-                log.warning("%s/metrics is not Prometheus text (%s): its counters are left out of sync/*", server, err)
+                out[server] = parse_counters(future.result().text)
+            except (ServerError, httpx.TransportError, ValueError) as err:
+                log.warning("%s/metrics: %s; its counters are left out of this update's sync/* figures", server, err)
         return out
 
     def update(self, request: UpdateRequest) -> dict[str, str]:

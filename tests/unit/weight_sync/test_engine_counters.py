@@ -46,17 +46,20 @@ def test_each_window_is_the_difference_from_the_previous_pause_over_servers_read
     assert readings.window({"d": EngineCounters(0, 0, 0)}, at=15.0) is None  # no server read twice
 
 
-def test_the_control_reads_every_servers_metrics():
+def test_the_control_reads_every_servers_metrics_and_leaves_out_one_that_gives_none(caplog):
     texts = {"a": exposition({"0": 2}, 10, 20), "b": exposition({"0": 5}, 1, 2)}
 
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.method == "GET" and request.url.path == "/metrics"
-        return httpx.Response(200, text=texts[request.url.host])
+        if request.url.host in texts:
+            return httpx.Response(200, text=texts[request.url.host])
+        return httpx.Response(404, text="Not Found")  # c: no /metrics route (the figures are not control)
 
-    control = WeightSyncControl(["http://a:1", "http://b:2"])
+    control = WeightSyncControl(["http://a:1", "http://b:2", "http://c:3"])
     control._http = httpx.Client(transport=httpx.MockTransport(handler))  # the HTTP seam; the rest is real
     try:
         counters = control.engine_counters()
     finally:
         control.close()
     assert counters == {"http://a:1": EngineCounters(2, 10, 20), "http://b:2": EngineCounters(5, 1, 2)}
+    assert "http://c:3/metrics" in caplog.text and "404" in caplog.text
