@@ -3,7 +3,9 @@ the real verifiers (code in the sandbox), the adaptive sampler, vLLM and the tra
 
 Math runs in the self-check environment (``envs/self_check.py``: the user asks for a check after
 the first answer, the second is scored): multi-turn rollouts through real vLLM, token in and token
-out, with the tiny model, which calls no tools. The same launch proves both (no launch of its own)."""
+out, with the tiny model, which calls no tools. It runs under ``fleet.kv_on_update=keep``: every
+request salted per weight version through real vLLM, the context versions recorded. The same launch
+proves all three (no launch of its own)."""
 
 import shutil
 import subprocess
@@ -22,13 +24,16 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 MULTI_TURN = ["+actor.environments={math: self_check}", "actor.max_trajectory_tokens=128"]
 """A trajectory's 128 tokens: a first answer (up to 64), the follow-up's template tokens, a second answer."""
+KEEP = ["fleet.kv_on_update=keep"]
+"""The non-default KV policy (the README run has the default): each request is salted with the
+version the client knows the server serves (``cache_salt``), and the record keeps it per model turn."""
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_base):
     run = new_run_dir(tmp_path_factory.mktemp("smoke"), tiny_base)
     proc = subprocess.run([shutil.which("apriel-train"), "--config-name", "smoke_5domains", f"run_dir={run}",
-                           *MULTI_TURN],
+                           *MULTI_TURN, *KEEP],
                           capture_output=True, text=True, timeout=1200, env=launcher_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     return run
@@ -82,3 +87,38 @@ def test_math_rollouts_take_two_turns_token_in_token_out(run_dir):
         between = tokenizer.decode(r.completion_ids[first.end:second.start].tolist(), skip_special_tokens=False)
         assert SelfCheckConfig().message in between and "<|user|>" in between, between
         assert not r.mask[first.end:second.start].any() and r.mask[second.start:second.end].all()
+
+
+def test_under_keep_each_model_turn_records_the_version_its_request_was_salted_with(run_dir):
+    """Through real vLLM (which accepted every salted request): each model turn is one request, so
+    its tokens share one context version, never newer than the weights that sampled them; a later
+    turn's request is never salted older than an earlier one's; the stream's stale-cache tokens are
+    those sampled by newer weights than their turn's salt."""
+    rollouts = [r for g in groups(run_dir) for r in g.rollouts]
+    stale = 0
+    for r in rollouts:
+        assert r.context_versions and r.context_versions[-1].end == r.model_length
+        context = _per_model_token(r.context_versions, r.model_length)
+        sampled = _per_model_token(r.versions, r.model_length)
+        offset, salts = 0, []
+        for turn in r.model_turns:
+            size = turn.end - turn.start
+            assert len(set(context[offset:offset + size])) == 1, (context, r.model_turns)
+            salts.append(context[offset])
+            offset += size
+        assert salts == sorted(salts)
+        assert all(c <= v for c, v in zip(context, sampled))
+        stale += sum(c < v for c, v in zip(context, sampled))
+        assert r.stale_cache().sum() == sum(c < v for c, v in zip(context, sampled))
+    import json
+    rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(row["rollout/stale_cache_tokens"] for row in rows) <= stale  # groups read by a step (not all)
+    assert all(row["rollout/recomputed_tokens"] == 0 for row in rows)  # keep: no request was reset
+
+
+def _per_model_token(spans, n: int) -> list[int]:
+    out = [None] * n
+    for s in spans:
+        out[s.start:s.end] = [s.version] * (s.end - s.start)
+    assert None not in out
+    return out
