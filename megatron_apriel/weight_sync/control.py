@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -103,18 +103,25 @@ class WeightSyncControl:
     def resume(self) -> None:
         self._all("POST", "/resume")
 
-    def engine_counters(self) -> dict[str, EngineCounters]:
-        """Every server's vLLM counters (``/metrics``); read while paused, when a server answers at
-        once. They are figures, not control: a server that does not answer them, or not in
-        Prometheus text, is left out with a warning (the update goes on)."""
-        futures = {s: self._pool.submit(self._call, s, "GET", "/metrics") for s in self.servers}
+    def request_counters(self) -> dict[str, Future]:
+        """Start reading every server's vLLM counters (``/metrics``); ``collect_counters`` waits.
+        Sent while the fleet is paused, they are answered while the weights load."""
+        return {s: self._pool.submit(self._call, s, "GET", "/metrics") for s in self.servers}
+
+    def collect_counters(self, requests: dict[str, Future]) -> dict[str, EngineCounters]:
+        """The counters ``request_counters`` asked for. They are figures, not control: a server that
+        does not answer them, or not in Prometheus text, is left out with a warning."""
         out = {}
-        for server, future in futures.items():
+        for server, future in requests.items():
             try:
                 out[server] = parse_counters(future.result().text)
             except (ServerError, httpx.TransportError, ValueError) as err:
                 log.warning("%s/metrics: %s; its counters are left out of this update's sync/* figures", server, err)
         return out
+
+    def engine_counters(self) -> dict[str, EngineCounters]:
+        """Every server's vLLM counters, read now."""
+        return self.collect_counters(self.request_counters())
 
     def update(self, request: UpdateRequest) -> dict[str, str]:
         """``/update_weights`` on every server; returns {server: reason} for those that rejected."""

