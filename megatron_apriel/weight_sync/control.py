@@ -119,10 +119,6 @@ class WeightSyncControl:
                 log.warning("%s/metrics: %s; its counters are left out of this update's sync/* figures", server, err)
         return out
 
-    def engine_counters(self) -> dict[str, EngineCounters]:
-        """Every server's vLLM counters, read now."""
-        return self.collect_counters(self.request_counters())
-
     def update(self, request: UpdateRequest) -> dict[str, str]:
         """``/update_weights`` on every server; returns {server: reason} for those that rejected."""
         def one(server: str) -> Optional[str]:

@@ -14,15 +14,12 @@ request's first prefill only), so the recomputed tokens are counted from the str
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from megatron_apriel.records.weights import FleetWindow
-
-log = logging.getLogger(__name__)
 
 COUNTERS = {"preempted": "vllm:num_preemptions", "prompt_tokens": "vllm:prompt_tokens",
             "generation_tokens": "vllm:generation_tokens"}

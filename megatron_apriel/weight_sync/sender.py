@@ -299,7 +299,7 @@ class WeightSender:
         def apply() -> None:
             control.pause()
             try:
-                counters = control.request_counters()  # answered while the weights load: no longer pause
+                counters = control.request_counters()  # asked now, collected once the weights loaded
                 rejected.update(control.update(UpdateRequest(version=version, num_stages=self.role.num_sources)))
                 control.finish([s for s in control.servers if s not in rejected], version)
                 window.append(self._readings.window(control.collect_counters(counters), time.monotonic()))

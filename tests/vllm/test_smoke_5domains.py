@@ -7,6 +7,7 @@ out, with the tiny model, which calls no tools. It runs under ``fleet.kv_on_upda
 request salted per weight version through real vLLM, the context versions recorded. The same launch
 proves all three (no launch of its own)."""
 
+import json
 import shutil
 import subprocess
 from collections import Counter
@@ -110,7 +111,6 @@ def test_under_keep_each_model_turn_records_the_version_its_request_was_salted_w
         assert all(c <= v for c, v in zip(context, sampled))
         stale += sum(c < v for c, v in zip(context, sampled))
         assert r.stale_cache().sum() == sum(c < v for c, v in zip(context, sampled))
-    import json
     rows = [json.loads(line) for line in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert sum(row["rollout/stale_cache_tokens"] for row in rows) <= stale  # groups read by a step (not all)
     assert all(row["rollout/recomputed_tokens"] == 0 for row in rows)  # keep: no request was reset

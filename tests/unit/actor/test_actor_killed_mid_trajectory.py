@@ -142,7 +142,7 @@ def groups(run: Path) -> list:
 
 
 @pytest.fixture
-def run(tmp_path, tiny_base):
+def actor_run(tmp_path, tiny_base):
     run = new_run_dir(tmp_path, tiny_base)
     write_problems(tmp_path / "sums.jsonl")
     cfg = to_run_config(compose_config("tiny_cpu", [
@@ -159,8 +159,8 @@ def run(tmp_path, tiny_base):
     fleet.close()
 
 
-def test_an_actor_killed_mid_trajectory_starts_it_again_and_writes_no_half_of_it(run):
-    run, fleet = run
+def test_an_actor_killed_mid_trajectory_starts_it_again_and_writes_no_half_of_it(actor_run):
+    run, fleet = actor_run
     log_path = run / "actor.log"
     with open(log_path, "w") as log:
         actor = start_actor(run, log)

@@ -58,7 +58,7 @@ def test_the_control_reads_every_servers_metrics_and_leaves_out_one_that_gives_n
     control = WeightSyncControl(["http://a:1", "http://b:2", "http://c:3"])
     control._http = httpx.Client(transport=httpx.MockTransport(handler))  # the HTTP seam; the rest is real
     try:
-        counters = control.engine_counters()
+        counters = control.collect_counters(control.request_counters())
     finally:
         control.close()
     assert counters == {"http://a:1": EngineCounters(2, 10, 20), "http://b:2": EngineCounters(5, 1, 2)}
